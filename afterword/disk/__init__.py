@@ -1,0 +1,19 @@
+"""The disk seam: every file-system effect of afterword passes through here."""
+
+from .errors import DiskError, DiskFailedError, DurabilityError, UnsafeStateError
+from .safe import DIR_MODE, FILE_MODE, FileHandle, StateRoot, is_temp_name
+from .seam import Disk, OsDisk
+
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "Disk",
+    "DiskError",
+    "DiskFailedError",
+    "DurabilityError",
+    "FileHandle",
+    "OsDisk",
+    "StateRoot",
+    "UnsafeStateError",
+    "is_temp_name",
+]

@@ -1,0 +1,43 @@
+"""The ``per-record-v3`` record store: ownership lock, WAL commits, per-record files."""
+
+from .codec import FORMAT, MAX_KEY_BYTES, Manifest
+from .errors import (
+    InvalidKeyError,
+    RecordTooLarge,
+    StoreClosedError,
+    StoreCorruptError,
+    StoreError,
+    StoreLockedError,
+    VersionConflict,
+)
+from .store import (
+    MAX_RECORD_BYTES,
+    Delete,
+    Mutation,
+    Put,
+    Record,
+    RecordStore,
+    StoreOptions,
+    StoreStatistics,
+)
+
+__all__ = [
+    "FORMAT",
+    "MAX_KEY_BYTES",
+    "MAX_RECORD_BYTES",
+    "Delete",
+    "InvalidKeyError",
+    "Manifest",
+    "Mutation",
+    "Put",
+    "Record",
+    "RecordStore",
+    "RecordTooLarge",
+    "StoreClosedError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreLockedError",
+    "StoreOptions",
+    "StoreStatistics",
+    "VersionConflict",
+]

@@ -1,0 +1,132 @@
+"""Encodings of store transactions, record files and the manifest (pure, no I/O).
+
+Record file: ``b"AWREC3\\x00\\x00"`` + msgpack ``RecordImage`` + xxh3-64 of all preceding bytes.
+Transaction payload (inside a WAL frame): msgpack ``TxBody``.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import msgspec
+import xxhash
+
+from .errors import InvalidKeyError, StoreCorruptError
+
+FORMAT = "per-record-v3"
+RECORD_MAGIC = b"AWREC3\x00\x00"
+MAX_KEY_BYTES = 120
+MAX_GENERATION_BYTES = 256
+MAX_MANIFEST_BYTES = 1024 * 1024
+_KEY_RE = re.compile(r"^[A-Za-z0-9._:@#/+=-]+$")
+_U64 = struct.Struct("<Q")
+
+
+class Op(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """A whole-record after-image: ``value is None`` deletes the key."""
+
+    key: str
+    value: bytes | None
+    blobs: tuple[str, ...] = ()
+
+
+class TxBody(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    ops: tuple[Op, ...]
+
+
+class RecordImage(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    key: str
+    lsn: int
+    value: bytes
+    blobs: tuple[str, ...] = ()
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The checkpoint manifest: everything up to ``checkpoint_lsn`` is in record files."""
+
+    format: str = FORMAT
+    generation: str
+    checkpoint_lsn: int
+    wal_start_seq: int
+    record_count: int
+    guard_required: bool = False
+    meta: dict[str, str] = {}
+
+
+_tx_encoder = msgspec.msgpack.Encoder()
+_tx_decoder = msgspec.msgpack.Decoder(TxBody)
+_rec_decoder = msgspec.msgpack.Decoder(RecordImage)
+_manifest_decoder = msgspec.json.Decoder(Manifest)
+_json_encoder = msgspec.json.Encoder()
+
+
+def check_key(key: str) -> None:
+    raw = key.encode()
+    if not raw or len(raw) > MAX_KEY_BYTES or not _KEY_RE.match(key):
+        raise InvalidKeyError(f"invalid record key {key!r}: 1-{MAX_KEY_BYTES} bytes of [A-Za-z0-9._:@#/+=-]")
+
+
+def record_file_name(key: str) -> str:
+    return key.encode().hex() + ".rec"
+
+
+def key_from_file_name(name: str) -> str:
+    try:
+        return bytes.fromhex(name[:-4]).decode()
+    except ValueError as exc:
+        raise StoreCorruptError(f"record file name {name!r} is not a hex key") from exc
+
+
+def encode_tx(ops: tuple[Op, ...]) -> bytes:
+    return _tx_encoder.encode(TxBody(ops))
+
+
+def decode_tx(payload: bytes) -> TxBody:
+    try:
+        return _tx_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise StoreCorruptError(f"undecodable transaction: {exc}") from None
+
+
+def encode_record(image: RecordImage) -> bytes:
+    body = RECORD_MAGIC + _tx_encoder.encode(image)
+    return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def decode_record(data: bytes, name: str) -> RecordImage:
+    if len(data) < len(RECORD_MAGIC) + 8 or not data.startswith(RECORD_MAGIC):
+        raise StoreCorruptError(f"record file {name}: bad magic or truncated")
+    body, check = data[:-8], _U64.unpack(data[-8:])[0]
+    if xxhash.xxh3_64_intdigest(body) != check:
+        raise StoreCorruptError(f"record file {name}: checksum mismatch")
+    try:
+        image = _rec_decoder.decode(body[len(RECORD_MAGIC) :])
+    except msgspec.DecodeError as exc:
+        raise StoreCorruptError(f"record file {name}: {exc}") from None
+    if record_file_name(image.key) != name:
+        raise StoreCorruptError(f"record file {name}: holds key {image.key!r}")
+    return image
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    if len(manifest.generation.encode()) > MAX_GENERATION_BYTES:
+        raise ValueError("manifest generation id exceeds 256 bytes")
+    data = _json_encoder.encode(manifest)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ValueError("manifest exceeds 1 MiB")
+    return data
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    try:
+        manifest = _manifest_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreCorruptError(f"MANIFEST: {exc}") from None
+    if manifest.format != FORMAT:
+        raise StoreCorruptError(f"MANIFEST: format {manifest.format!r}, expected {FORMAT!r}")
+    if len(manifest.generation.encode()) > MAX_GENERATION_BYTES:
+        raise StoreCorruptError("MANIFEST: generation id exceeds 256 bytes")
+    if manifest.checkpoint_lsn < 0 or manifest.wal_start_seq < 1:
+        raise StoreCorruptError("MANIFEST: negative lsn or sequence")
+    return manifest

@@ -1,0 +1,37 @@
+"""Errors of the record store. Each says whose fault it is."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error raised by ``afterword.store``."""
+
+
+class StoreLockedError(StoreError):
+    """Another owner (process or open store in this process) holds the state directory."""
+
+
+class StoreCorruptError(StoreError):
+    """Committed state on disk is damaged or not ours (fail closed; nothing was changed)."""
+
+
+class StoreClosedError(StoreError):
+    """The store was closed."""
+
+
+class RecordTooLarge(StoreError):
+    """A record value exceeds the per-record limit (the caller's fault)."""
+
+
+class InvalidKeyError(StoreError):
+    """A record key is empty, too long or uses characters outside the allowed set."""
+
+
+class VersionConflict(StoreError):
+    """An optimistic expectation failed: the record changed since the caller read it."""
+
+    def __init__(self, key: str, expected: int | None, actual: int | None) -> None:
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"record {key!r}: expected version {expected}, found {actual}")

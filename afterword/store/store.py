@@ -1,0 +1,465 @@
+"""The ``per-record-v3`` record store: WAL commits, per-record files, in-memory state.
+
+Layout of a state directory (all directories 0700, files 0600)::
+
+    owner.db     SQLite ownership lock (held for the process lifetime)
+    secret       32 random bytes; every token is derived from it
+    MANIFEST     JSON: checkpoint lsn, where the live WAL chain starts, generation id
+    wal/         preallocated segments (see afterword.wal)
+    records/     one file per record, named by the hex of its key
+
+Every mutation is a transaction committed to the WAL; the in-memory state changes only after
+the fdatasync that covers it. A checkpoint writes the records changed since the previous one
+as files (atomic replace, one directory fsync per batch), then a new manifest, and only then
+releases the WAL segments it covered. Replay applies an after-image only when its lsn is
+newer than the record's, so replaying a transaction twice equals replaying it once.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import anyio
+
+from ..disk import Disk, StateRoot
+from ..wal import WalOptions, WriteAheadLog
+from .codec import (
+    FORMAT,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    Op,
+    RecordImage,
+    check_key,
+    decode_manifest,
+    decode_record,
+    decode_tx,
+    encode_manifest,
+    encode_record,
+    encode_tx,
+    key_from_file_name,
+    record_file_name,
+)
+from .errors import RecordTooLarge, StoreClosedError, StoreCorruptError, VersionConflict
+from .lock import OwnershipLock
+
+MANIFEST = "MANIFEST"
+SECRET = "secret"
+RECORDS = "records"
+WAL_DIR = "wal"
+SECRET_BYTES = 32
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+
+Record = RecordImage
+"""A committed record: ``key``, ``lsn`` (its version), ``value`` bytes, ``blobs`` it references."""
+
+Watcher = Callable[[str, Record | None, Record | None], None]
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: bytes
+    blobs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+
+
+Mutation = Put | Delete
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    wal: WalOptions = field(default_factory=WalOptions)
+    max_record_bytes: int = MAX_RECORD_BYTES
+    checkpoint_threads: int = 8
+    auto_checkpoint: bool = True
+
+
+@dataclass
+class StoreStatistics:
+    records: int
+    dirty: int
+    next_lsn: int
+    checkpoints: int
+    last_checkpoint_seconds: float
+    recovery_seconds: float
+    replayed_transactions: int
+    wal_commits: int
+    wal_fsyncs: int
+    wal_bytes: int
+
+
+class RecordStore:
+    """An open state directory. Use :meth:`open`; close with :meth:`close`."""
+
+    format = FORMAT
+
+    def __init__(self) -> None:  # use RecordStore.open
+        self.root: StateRoot
+        self.options: StoreOptions
+        self.secret: bytes
+        self.manifest: Manifest
+        self._lock: OwnershipLock | None = None
+        self._wal: WriteAheadLog
+        self._records: dict[str, Record] = {}
+        self._dirty: set[str] = set()
+        self._inflight: dict[str, tuple[int, bool]] = {}  # key -> (lsn, exists) not yet durable
+        self._unapplied: deque[tuple[int, tuple[Op, ...]]] = deque()
+        self._durable_lsn = 0
+        self._blob_refs: Counter[str] = Counter()
+        self._watchers: list[tuple[str, Watcher]] = []
+        self._closed = False
+        self._checkpoint_lock = anyio.Lock()
+        self._checkpoints = 0
+        self._last_checkpoint_seconds = 0.0
+        self.recovery_seconds = 0.0
+        self.replayed = 0
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, path: str, *, disk: Disk | None = None, options: StoreOptions | None = None
+    ) -> RecordStore:
+        """Lock, validate, load and recover the store at ``path`` (created if absent)."""
+        began = time.perf_counter()
+        self = cls()
+        self.options = options or StoreOptions()
+        self.root = StateRoot(path, disk)
+        self._lock = OwnershipLock.acquire(self.root)
+        try:
+            self._recover()
+        except BaseException:
+            self._lock.release()
+            raise
+        self.recovery_seconds = time.perf_counter() - began
+        return self
+
+    def _recover(self) -> None:
+        root = self.root
+        root.remove_temporaries("")
+        self.secret = self._load_secret()
+        if root.exists(MANIFEST):
+            self.manifest = decode_manifest(root.read_file(MANIFEST, max_size=MAX_MANIFEST_BYTES))
+        else:
+            if root.exists(RECORDS) and root.listdir(RECORDS):
+                raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
+            self.manifest = Manifest(
+                generation=self._generation(0), checkpoint_lsn=0, wal_start_seq=1, record_count=0
+            )
+            root.ensure_dir(RECORDS)
+            root.write_atomic(MANIFEST, encode_manifest(self.manifest))
+        root.ensure_dir(RECORDS)
+        root.remove_temporaries(RECORDS)
+        self._load_records()
+        self._wal, frames = WriteAheadLog.open(
+            root,
+            rel_dir=WAL_DIR,
+            start_seq=self.manifest.wal_start_seq,
+            checkpoint_lsn=self.manifest.checkpoint_lsn,
+            options=self.options.wal,
+        )
+        for frame in frames:
+            self._apply(frame.lsn, decode_tx(frame.payload).ops)
+        self.replayed = len(frames)
+        self._durable_lsn = self._wal.next_lsn - 1
+
+    def _load_secret(self) -> bytes:
+        root = self.root
+        if not root.exists(SECRET):
+            root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
+        data = root.read_file(SECRET, max_size=SECRET_BYTES)
+        if len(data) != SECRET_BYTES:
+            raise StoreCorruptError(f"{root.path(SECRET)}: secret must be {SECRET_BYTES} bytes")
+        return data
+
+    def _load_records(self) -> None:
+        names = self.root.listdir(RECORDS)
+        for name in names:
+            if not name.endswith(".rec"):
+                raise StoreCorruptError(f"{self.root.path(RECORDS)}/{name}: not a record file")
+        limit = self.options.max_record_bytes + 4096
+        for name, data in self.root.read_all(RECORDS, names, max_size=limit):
+            image = decode_record(data, name)
+            key_from_file_name(name)
+            self._records[image.key] = image
+            self._blob_refs.update(image.blobs)
+
+    @staticmethod
+    def _generation(lsn: int) -> str:
+        return f"{lsn:016x}-{_secrets.token_hex(8)}"
+
+    # -- reading -----------------------------------------------------------------------------
+    def get(self, key: str) -> Record | None:
+        return self._records.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def items(self, prefix: str = "") -> Iterator[Record]:
+        """Committed records whose key starts with ``prefix`` (unordered)."""
+        for key, rec in list(self._records.items()):
+            if key.startswith(prefix):
+                yield rec
+
+    def referenced_blobs(self) -> set[str]:
+        return {d for d, n in self._blob_refs.items() if n > 0}
+
+    def watch(self, prefix: str, fn: Watcher) -> None:
+        """Call ``fn(key, old, new)`` for every committed change under ``prefix``.
+
+        Existing records are reported first as ``(key, None, record)``.
+        """
+        self._watchers.append((prefix, fn))
+        for rec in self.items(prefix):
+            fn(rec.key, None, rec)
+
+    # -- writing -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("store is closed")
+
+    def _prepare(
+        self, mutations: Sequence[Mutation], expect: Mapping[str, int | None] | None
+    ) -> tuple[Op, ...]:
+        self._check_open()
+        self.root.check_writable()
+        ops: list[Op] = []
+        seen: set[str] = set()
+        for m in mutations:
+            check_key(m.key)
+            if m.key in seen:
+                raise ValueError(f"key {m.key!r} appears twice in one transaction")
+            seen.add(m.key)
+            if isinstance(m, Put):
+                if len(m.value) > self.options.max_record_bytes:
+                    raise RecordTooLarge(
+                        f"record {m.key!r}: {len(m.value)} bytes exceeds {self.options.max_record_bytes}"
+                    )
+                ops.append(Op(m.key, m.value, tuple(m.blobs)))
+            else:
+                ops.append(Op(m.key, None))
+        for key, expected in (expect or {}).items():
+            actual = self.latest_version(key)
+            if actual != expected:
+                raise VersionConflict(key, expected, actual)
+        return tuple(ops)
+
+    def latest_version(self, key: str) -> int | None:
+        """The version (lsn) of ``key`` including commits still in flight; None if absent."""
+        pending = self._inflight.get(key)
+        if pending is not None:
+            return pending[0] if pending[1] else None
+        rec = self._records.get(key)
+        return rec.lsn if rec is not None else None
+
+    async def transact(
+        self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
+    ) -> int:
+        """Commit ``mutations`` atomically; return the lsn once it is durable.
+
+        ``expect`` maps keys to the version the caller read (None: must be absent); a
+        mismatch raises :class:`VersionConflict` before anything is written.
+        """
+        await self._checkpoint_lock.acquire()  # a checkpoint's drain briefly holds commits
+        self._checkpoint_lock.release()
+        ops = self._prepare(mutations, expect)
+        payload = encode_tx(ops)
+        lsn, batch = self._wal.reserve(payload)
+        self._unapplied.append((lsn, ops))
+        for op in ops:
+            self._inflight[op.key] = (lsn, op.value is not None)
+        try:
+            await self._wal.wait(batch)
+        finally:
+            self._apply_durable()
+        if self.options.auto_checkpoint and self._wal.needs_checkpoint:
+            await self.checkpoint()
+        return lsn
+
+    def transact_sync(
+        self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
+    ) -> int:
+        """Synchronous commit for single-threaded callers (tools, migrations, simulators)."""
+        ops = self._prepare(mutations, expect)
+        lsn = self._wal.append_sync(encode_tx(ops))
+        self._durable_lsn = lsn
+        self._apply(lsn, ops)
+        if self.options.auto_checkpoint and self._wal.needs_checkpoint:
+            self.checkpoint_sync()
+        return lsn
+
+    def _apply_durable(self) -> None:
+        if self.root.failed is None:
+            self._durable_lsn = self._wal.durable_lsn
+        while self._unapplied and self._unapplied[0][0] <= self._durable_lsn:
+            lsn, ops = self._unapplied.popleft()
+            self._apply(lsn, ops)
+            for op in ops:
+                if self._inflight.get(op.key, (None,))[0] == lsn:
+                    del self._inflight[op.key]
+
+    def _apply(self, lsn: int, ops: Iterable[Op]) -> None:
+        for op in ops:
+            old = self._records.get(op.key)
+            if old is not None and old.lsn >= lsn:
+                continue  # replay of an older after-image: idempotent skip
+            if op.value is None:
+                if old is None:
+                    self._dirty.add(op.key)
+                    continue
+                del self._records[op.key]
+                new = None
+            else:
+                new = RecordImage(op.key, lsn, op.value, op.blobs)
+                self._records[op.key] = new
+                self._blob_refs.update(new.blobs)
+            if old is not None:
+                self._blob_refs.subtract(old.blobs)
+                for d in old.blobs:
+                    if self._blob_refs[d] <= 0:
+                        del self._blob_refs[d]
+            self._dirty.add(op.key)
+            for prefix, fn in self._watchers:
+                if op.key.startswith(prefix):
+                    fn(op.key, old, new)
+
+    # -- checkpoint --------------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        """Materialize changed records as files, write the manifest, release WAL segments."""
+        async with self._checkpoint_lock:
+            await self._wal.flush()  # every reserved commit durable, then applied
+            self._apply_durable()
+            start_seq, lsn, snapshot = self._begin_checkpoint()
+            try:
+                await anyio.to_thread.run_sync(self._write_checkpoint, start_seq, lsn, snapshot)
+            except BaseException:
+                self._dirty.update(snapshot)
+                raise
+            self._wal.retire_before(start_seq)
+
+    def checkpoint_sync(self) -> None:
+        # Refuse a poisoned store first: commits that failed with it stay queued as unapplied
+        # forever, and must not be mistaken for commits still in flight.
+        self._check_open()
+        self.root.check_writable()
+        if self._unapplied:
+            raise RuntimeError("checkpoint_sync with asynchronous commits in flight")
+        start_seq, lsn, snapshot = self._begin_checkpoint()
+        try:
+            self._write_checkpoint(start_seq, lsn, snapshot)
+        except BaseException:
+            self._dirty.update(snapshot)
+            raise
+        self._wal.retire_before(start_seq)
+
+    def _begin_checkpoint(self) -> tuple[int, int, dict[str, Record | None]]:
+        self._check_open()
+        self.root.check_writable()
+        start_seq, lsn = self._wal.roll()
+        snapshot = {key: self._records.get(key) for key in self._dirty}
+        self._dirty = set()
+        return start_seq, lsn, snapshot
+
+    def _write_checkpoint(self, start_seq: int, lsn: int, snapshot: dict[str, Record | None]) -> None:
+        began = time.perf_counter()
+        root = self.root
+        writes = [(key, rec) for key, rec in snapshot.items() if rec is not None]
+        removes = [key for key, rec in snapshot.items() if rec is None]
+
+        def put(item: tuple[str, Record]) -> None:
+            key, rec = item
+            root.write_atomic(f"{RECORDS}/{record_file_name(key)}", encode_record(rec), sync_dir=False)
+
+        if writes:
+            workers = max(1, min(self.options.checkpoint_threads, len(writes)))
+            if workers == 1:
+                for item in writes:
+                    put(item)
+            else:
+                with ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(put, writes))
+        for key in removes:
+            root.remove(f"{RECORDS}/{record_file_name(key)}", sync_dir=False)
+        if snapshot:
+            root.sync_dir(RECORDS)
+        manifest = Manifest(
+            generation=self._generation(lsn),
+            checkpoint_lsn=lsn,
+            wal_start_seq=start_seq,
+            record_count=len(self._records),
+            guard_required=self.manifest.guard_required,
+            meta=dict(self.manifest.meta),
+        )
+        root.write_atomic(MANIFEST, encode_manifest(manifest))
+        self.manifest = manifest
+        self._checkpoints += 1
+        self._last_checkpoint_seconds = time.perf_counter() - began
+
+    def update_manifest_meta(self, meta: Mapping[str, str], *, guard_required: bool | None = None) -> None:
+        """Durably replace manifest metadata (used by migration phases)."""
+        m = self.manifest
+        manifest = Manifest(
+            generation=self._generation(m.checkpoint_lsn),
+            checkpoint_lsn=m.checkpoint_lsn,
+            wal_start_seq=m.wal_start_seq,
+            record_count=m.record_count,
+            guard_required=m.guard_required if guard_required is None else guard_required,
+            meta=dict(meta),
+        )
+        self.root.write_atomic(MANIFEST, encode_manifest(manifest))
+        self.manifest = manifest
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def statistics(self) -> StoreStatistics:
+        s = self._wal.stats
+        return StoreStatistics(
+            records=len(self._records),
+            dirty=len(self._dirty),
+            next_lsn=self._wal.next_lsn,
+            checkpoints=self._checkpoints,
+            last_checkpoint_seconds=self._last_checkpoint_seconds,
+            recovery_seconds=self.recovery_seconds,
+            replayed_transactions=self.replayed,
+            wal_commits=s.commits,
+            wal_fsyncs=s.fsyncs,
+            wal_bytes=self._wal.log_bytes,
+        )
+
+    @property
+    def wal(self) -> WriteAheadLog:
+        return self._wal
+
+    def close(self) -> None:
+        """Release the WAL and the ownership lock. Committed state is already durable."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._wal.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def __enter__(self) -> RecordStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RecordStore {self.root.root} records={len(self._records)} lsn={self._wal.next_lsn - 1}>"
+
+
+

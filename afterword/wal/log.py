@@ -1,0 +1,427 @@
+"""The write-ahead log: preallocated segments, group commit, idempotent replay.
+
+A transaction's payload is opaque bytes (the record store encodes its operations). ``commit``
+returns the transaction's lsn only after an fdatasync that covers its frame has returned;
+concurrent committers share that fdatasync (group commit). The first committer to find no
+flush in progress becomes the leader: it takes every queued payload, writes them with one
+``pwrite`` per segment and one ``fdatasync`` per touched segment, wakes the waiters, and
+repeats until the queue is empty.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from ..disk import FileHandle, StateRoot
+from .errors import TransactionTooLarge, WalClosedError
+from .frame import (
+    SEGMENT_HEADER_SIZE,
+    Frame,
+    SegmentHeader,
+    encode_frame,
+    encode_segment_header,
+    frame_size,
+)
+from .scan import SegmentImage, scan_chain
+
+MiB = 1024 * 1024
+SEGMENT_SUFFIX = ".seg"
+_ZERO_CHUNK = b"\x00" * MiB
+
+# fsync latency histogram bucket upper bounds, seconds (exponential, as etcd does).
+FSYNC_BUCKETS: tuple[float, ...] = tuple(0.0001 * 2**i for i in range(16))
+
+
+@dataclass(frozen=True)
+class WalOptions:
+    """Bounds and test hooks of the log.
+
+    ``zero_fill`` writes real zeros into new segments so that later overwrites need no
+    metadata flush; tests may turn it off to save time. ``unsafe_no_fsync`` skips fdatasync
+    and exists only for measuring the cost of everything else (never for real data).
+    """
+
+    segment_size: int = 16 * MiB
+    max_payload: int = 8 * MiB
+    max_log_bytes: int = 64 * MiB
+    zero_fill: bool = True
+    unsafe_no_fsync: bool = False
+
+    def __post_init__(self) -> None:
+        if self.segment_size < SEGMENT_HEADER_SIZE + frame_size(self.max_payload):
+            raise ValueError("segment_size must hold the segment header and the largest frame")
+        if self.segment_size % 8:
+            raise ValueError("segment_size must be a multiple of 8")
+
+
+@dataclass
+class WalStatistics:
+    commits: int = 0
+    batches: int = 0
+    fsyncs: int = 0
+    bytes_written: int = 0
+    max_batch: int = 0
+    fsync_seconds_total: float = 0.0
+    fsync_buckets: list[int] = field(default_factory=lambda: [0] * (len(FSYNC_BUCKETS) + 1))
+
+    def observe_fsync(self, seconds: float) -> None:
+        self.fsyncs += 1
+        self.fsync_seconds_total += seconds
+        for i, bound in enumerate(FSYNC_BUCKETS):
+            if seconds <= bound:
+                self.fsync_buckets[i] += 1
+                return
+        self.fsync_buckets[-1] += 1
+
+
+class _Batch:
+    __slots__ = ("done", "error", "event")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.done = False
+        self.error: BaseException | None = None
+
+
+@dataclass
+class _Segment:
+    slot: int
+    handle: FileHandle
+    header: SegmentHeader | None = None  # None: free slot
+
+
+class WriteAheadLog:
+    """A bounded write-ahead log in ``<root>/<rel_dir>``; open it with :meth:`open`."""
+
+    def __init__(self, root: StateRoot, rel_dir: str, options: WalOptions) -> None:
+        self.root = root
+        self.rel_dir = rel_dir
+        self.options = options
+        self.stats = WalStatistics()
+        self._segments: dict[int, _Segment] = {}
+        self._chain: list[int] = []  # slots of the live chain, in seq order
+        self._tail: _Segment | None = None
+        self._tail_offset = SEGMENT_HEADER_SIZE
+        self._next_seq = 1
+        self.next_lsn = 1
+        self.durable_lsn = 0
+        self._write_lock = threading.Lock()
+        self._pending: list[tuple[int, bytes]] = []
+        self._open_batch = _Batch()
+        self._leader = False
+        self._closed = False
+
+    # -- opening and replay ------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        root: StateRoot,
+        *,
+        rel_dir: str = "wal",
+        start_seq: int,
+        checkpoint_lsn: int,
+        options: WalOptions | None = None,
+    ) -> tuple[WriteAheadLog, list[Frame]]:
+        """Open (creating if needed) and return the log plus the frames to replay."""
+        wal = cls(root, rel_dir, options or WalOptions())
+        frames = wal._recover(start_seq, checkpoint_lsn)
+        return wal, frames
+
+    def _slot_rel(self, slot: int) -> str:
+        return f"{self.rel_dir}/{slot:08d}{SEGMENT_SUFFIX}"
+
+    def _recover(self, start_seq: int, checkpoint_lsn: int) -> list[Frame]:
+        root = self.root
+        root.ensure_dir(self.rel_dir)
+        root.remove_temporaries(self.rel_dir)
+        images: list[SegmentImage] = []
+        max_seq = start_seq - 1
+        for name in root.listdir(self.rel_dir):
+            if not name.endswith(SEGMENT_SUFFIX):
+                continue
+            slot = int(name[: -len(SEGMENT_SUFFIX)])
+            handle = root.open_file(self._slot_rel(slot), writable=True)
+            size = root.disk.fstat(handle.fd).st_size
+            if size != self.options.segment_size:
+                # A slot of another size was made by another configuration or is damaged.
+                self._segments[slot] = _Segment(slot, handle)
+                if size < SEGMENT_HEADER_SIZE:
+                    continue
+            data = root.pread(handle, size, 0)
+            images.append(SegmentImage(slot, data))
+            self._segments[slot] = _Segment(slot, handle)
+        plan = scan_chain(
+            images,
+            start_seq=start_seq,
+            checkpoint_lsn=checkpoint_lsn,
+            max_payload=self.options.max_payload,
+        )
+        from .frame import decode_segment_header
+
+        by_slot = {img.slot: img for img in images}
+        for slot, seg in self._segments.items():
+            image = by_slot.get(slot)
+            header = decode_segment_header(image.data) if image is not None else None
+            if header is not None:
+                max_seq = max(max_seq, header.seq)
+                if header.seq >= start_seq and slot not in plan.free_slots:
+                    seg.header = header
+        if plan.repair is not None:
+            self._repair(plan.repair.slot, plan.repair.start, plan.repair.stop, by_slot)
+        for slot in plan.free_slots:
+            seg = self._segments[slot]
+            root.pwrite(seg.handle, b"\x00" * SEGMENT_HEADER_SIZE, 0)
+            root.fdatasync(seg.handle)
+            seg.header = None
+        self._chain = sorted(
+            (s.slot for s in self._segments.values() if s.header is not None),
+            key=lambda slot: self._segments[slot].header.seq,  # type: ignore[union-attr]
+        )
+        self._next_seq = max_seq + 1
+        self.next_lsn = plan.next_lsn
+        self.durable_lsn = plan.next_lsn - 1
+        if plan.tail_slot is not None:
+            self._tail = self._segments[plan.tail_slot]
+            self._tail_offset = plan.tail_offset
+        return plan.frames
+
+    def _repair(self, slot: int, start: int, stop: int, images: dict[int, SegmentImage]) -> None:
+        """Save the damaged segment aside, then zero the torn tail so it is never reread."""
+        root = self.root
+        n = 0
+        while root.exists(f"{self.rel_dir}/{slot:08d}.broken.{n}"):
+            n += 1
+        root.write_atomic(f"{self.rel_dir}/{slot:08d}.broken.{n}", images[slot].data)
+        seg = self._segments[slot]
+        root.pwrite(seg.handle, b"\x00" * (stop - start), start)
+        root.fdatasync(seg.handle)
+
+    # -- writing -----------------------------------------------------------------------------
+    @property
+    def log_bytes(self) -> int:
+        return len(self._chain) * self.options.segment_size
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        return self.log_bytes >= self.options.max_log_bytes
+
+    def check_payload(self, payload: bytes) -> None:
+        if len(payload) > self.options.max_payload:
+            raise TransactionTooLarge(
+                f"transaction of {len(payload)} bytes exceeds {self.options.max_payload}"
+            )
+
+    def _new_slot(self) -> _Segment:
+        free = sorted(s for s, seg in self._segments.items() if seg.header is None)
+        for slot in free:
+            seg = self._segments[slot]
+            if self.root.disk.fstat(seg.handle.fd).st_size == self.options.segment_size:
+                return seg
+        slot = max(self._segments, default=-1) + 1
+        rel = self._slot_rel(slot)
+        handle = self.root.open_file(rel, writable=True, create=True)
+        size = self.options.segment_size
+        if self.options.zero_fill:
+            for off in range(0, size, MiB):
+                self.root.pwrite(handle, _ZERO_CHUNK[: min(MiB, size - off)], off)
+        else:
+            self.root.truncate(handle, size)
+        self.root.fsync(handle)
+        self.root.sync_dir(self.rel_dir)
+        seg = _Segment(slot, handle)
+        self._segments[slot] = seg
+        return seg
+
+    def write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Write ``(lsn, payload)`` items as one durable batch (synchronous; the leader's job).
+
+        Lsns must continue the log. Returns after every touched segment is fdatasynced.
+        """
+        if not items:
+            return
+        with self._write_lock:
+            try:
+                self._write_batch(items)
+            except Exception as exc:
+                # A batch that failed midway leaves this object's tail, lsns and segment
+                # headers ahead of (or apart from) the files: poison the root so that no later
+                # commit is written on top of that; a reopen rebuilds the view from disk.
+                self.root.fail(exc)
+                raise
+
+    def _write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+        self.root.check_writable()
+        batch_start = items[0][0]
+        touched: list[_Segment] = []
+        parts: list[bytes] = []
+        part_offset = self._tail_offset
+        seg = self._tail
+        for lsn, payload in items:
+            size = frame_size(len(payload))
+            if seg is None or self._tail_offset + size > self.options.segment_size:
+                if seg is not None and parts:
+                    self._pwrite(seg, parts, part_offset)
+                seg = self._new_slot()
+                header = SegmentHeader(self._next_seq, secrets.randbits(64) | 1, lsn)
+                self._next_seq += 1
+                seg.header = header
+                self._chain.append(seg.slot)
+                self._tail = seg
+                parts = [encode_segment_header(header)]
+                part_offset = 0
+                self._tail_offset = SEGMENT_HEADER_SIZE
+            if seg not in touched:
+                touched.append(seg)
+            assert seg.header is not None
+            parts.append(encode_frame(seg.header.salt, lsn, batch_start, payload))
+            self._tail_offset += size
+        assert seg is not None
+        self._pwrite(seg, parts, part_offset)
+        for s in touched:
+            self.root.check_identity(s.handle)
+            if not self.options.unsafe_no_fsync:
+                began = time.perf_counter()
+                self.root.fdatasync(s.handle)
+                self.stats.observe_fsync(time.perf_counter() - began)
+        self.durable_lsn = items[-1][0]
+        self.stats.batches += 1
+        self.stats.commits += len(items)
+        self.stats.max_batch = max(self.stats.max_batch, len(items))
+
+    def _pwrite(self, seg: _Segment, parts: list[bytes], offset: int) -> None:
+        data = b"".join(parts)
+        # Before writing too (not only before the fdatasync): bytes sent through a stale
+        # descriptor would land in whatever file the old inode now is.
+        self.root.check_identity(seg.handle)
+        self.root.pwrite(seg.handle, data, offset)
+        self.stats.bytes_written += len(data)
+        parts.clear()
+
+    def append_sync(self, payload: bytes) -> int:
+        """Commit one payload synchronously (for tools and single-threaded callers)."""
+        self._check_open()
+        self.check_payload(payload)
+        lsn = self.next_lsn
+        self.next_lsn += 1
+        try:
+            self.write_batch([(lsn, payload)])
+        except BaseException:
+            self.next_lsn = lsn  # nothing acknowledged; the root is poisoned anyway
+            raise
+        return lsn
+
+    def reserve(self, payload: bytes) -> tuple[int, _Batch]:
+        """Queue ``payload`` for the next group write; returns its lsn and batch.
+
+        Call :meth:`wait` to make it durable. Splitting the two lets a caller assign the lsn
+        and update its own bookkeeping with no await in between.
+        """
+        self._check_open()
+        self.root.check_writable()
+        self.check_payload(payload)
+        lsn = self.next_lsn
+        self.next_lsn += 1
+        self._pending.append((lsn, payload))
+        return lsn, self._open_batch
+
+    async def wait(self, batch: _Batch) -> None:
+        """Return once ``batch`` is durable; raise the write's error if it failed."""
+        while not batch.done:
+            if self._leader:
+                # Woken when the batch is written, or when the leader leaves it behind.
+                await batch.event.wait()
+                continue
+            await self._lead()
+            if not batch.done:
+                # A leader pass that ends normally drains the queue, so a batch it left
+                # untaken is the open batch and holds nothing (flush() waits this way).
+                return
+        if batch.error is not None:
+            raise batch.error
+
+    async def _lead(self) -> None:
+        """Write queued batches until the queue is empty (the group-commit leader's loop)."""
+        self._leader = True
+        try:
+            while self._pending:
+                items, self._pending = self._pending, []
+                current, self._open_batch = self._open_batch, _Batch()
+                try:
+                    # Shielded: once items leave the queue their lsns are spent, so they must
+                    # reach write_batch even if the leader is cancelled; dropping them would
+                    # leave a hole that makes every later frame look like lost data.
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self.write_batch, items)
+                except BaseException as exc:
+                    current.error = exc
+                    raise
+                finally:
+                    current.done = True
+                    current.event.set()
+                # A cancelled leader stops between batches; a follower takes over below.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+        finally:
+            self._leader = False
+            # Wake the followers of the batch this leader did not take so one of them leads.
+            # The batch gets a fresh event first: only a leader swaps events, so a follower
+            # that keeps waiting never waits on an event nobody will set.
+            stranded = self._open_batch
+            woken, stranded.event = stranded.event, anyio.Event()
+            woken.set()
+
+    async def commit(self, payload: bytes) -> int:
+        """Append ``payload`` durably and return its lsn (group commit)."""
+        lsn, batch = self.reserve(payload)
+        await self.wait(batch)
+        return lsn
+
+    # -- checkpoint support ------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Make every queued payload durable (used before a checkpoint)."""
+        while self._pending or self._leader:
+            await self.wait(self._open_batch)
+
+    def roll(self) -> tuple[int, int]:
+        """Start a new segment for the next write; return ``(start_seq, checkpoint_lsn)``.
+
+        Everything up to ``checkpoint_lsn`` lives in the segments before ``start_seq``; once a
+        manifest naming both is durable, :meth:`retire_before` frees those segments.
+        """
+        if self._pending or self._leader:
+            raise RuntimeError("roll with transactions still queued")
+        self._tail = None
+        self._tail_offset = SEGMENT_HEADER_SIZE
+        return self._next_seq, self.next_lsn - 1
+
+    def retire_before(self, start_seq: int) -> None:
+        keep: list[int] = []
+        for slot in self._chain:
+            seg = self._segments[slot]
+            if seg.header is not None and seg.header.seq < start_seq:
+                seg.header = None
+            else:
+                keep.append(slot)
+        self._chain = keep
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WalClosedError("write-ahead log is closed")
+
+    def close(self) -> None:
+        self._closed = True
+        for seg in self._segments.values():
+            self.root.close(seg.handle)
+        self._segments.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"<WriteAheadLog next_lsn={self.next_lsn} segments={len(self._chain)} "
+            f"commits={self.stats.commits} fsyncs={self.stats.fsyncs}>"
+        )

@@ -1,0 +1,146 @@
+"""Replay decisions over segment bytes: pure functions, no I/O.
+
+The log is the chain of segments whose header is valid and whose ``seq`` is at least the
+manifest's ``wal_start_seq``, in ``seq`` order. Frames must carry contiguous lsns starting at
+``checkpoint_lsn + 1``. The log ends at the first position holding no such frame.
+
+After the end, the remaining bytes are searched for frames of the same segment life (same
+salt marker). A frame found there whose ``batch_start`` is greater than the first missing lsn
+``N`` belongs to a write issued after the write holding ``N`` had been made durable, so the
+log lost acknowledged data: :class:`WalCorruptError`. Frames with ``batch_start <= N`` are
+leftovers of the torn, unacknowledged write and are cut away by repair.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from typing import NamedTuple
+
+from .errors import WalCorruptError
+from .frame import (
+    ALIGN,
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    Frame,
+    SegmentHeader,
+    decode_frame_at,
+    decode_segment_header,
+    is_end_marker,
+    marker_for,
+)
+
+
+class SegmentImage(NamedTuple):
+    slot: int
+    data: bytes  # the whole segment file
+
+
+class Repair(NamedTuple):
+    slot: int
+    start: int  # first byte to zero (end of the last whole frame)
+    stop: int  # one past the last byte of leftover frames of this segment life
+
+
+class ReplayPlan(NamedTuple):
+    frames: list[Frame]
+    next_lsn: int
+    tail_slot: int | None  # where writing continues, None when the chain is empty
+    tail_offset: int
+    tail_header: SegmentHeader | None
+    chain_seqs: list[int]
+    repair: Repair | None  # torn tail to cut (after saving a .broken copy)
+    free_slots: list[int]  # chain segments past the end: leftovers to release
+
+
+def _our_frames_after(data: bytes, start: int, salt: int, max_payload: int) -> tuple[list[Frame], int]:
+    """Valid frames of this segment life after ``start``, and the end of the last marker hit."""
+    pattern = struct.pack("<I", marker_for(salt))
+    found: list[Frame] = []
+    last_hit_end = start
+    pos = data.find(pattern, start)
+    while pos != -1:
+        if pos % ALIGN == 0:
+            last_hit_end = max(last_hit_end, pos + FRAME_HEADER_SIZE)
+            frame = decode_frame_at(data, pos, salt, max_payload)
+            if frame is not None:
+                found.append(frame)
+                last_hit_end = max(last_hit_end, frame.end)
+        pos = data.find(pattern, pos + 1)
+    return found, min(last_hit_end, len(data))
+
+
+def scan_chain(
+    segments: list[SegmentImage], *, start_seq: int, checkpoint_lsn: int, max_payload: int
+) -> ReplayPlan:
+    """Decide what to replay and what to repair; raise ``WalCorruptError`` on real damage."""
+    chain: list[tuple[SegmentHeader, SegmentImage]] = []
+    for image in segments:
+        header = decode_segment_header(image.data)
+        if header is not None and header.seq >= start_seq:
+            chain.append((header, image))
+    chain.sort(key=lambda item: item[0].seq)
+    for (prev, _), (cur, _) in itertools.pairwise(chain):
+        if cur.seq != prev.seq + 1:
+            raise WalCorruptError(f"segment seq gap: {prev.seq} then {cur.seq}")
+
+    expect = checkpoint_lsn + 1
+    frames: list[Frame] = []
+    tail_slot: int | None = None
+    tail_offset = SEGMENT_HEADER_SIZE
+    tail_header: SegmentHeader | None = None
+    repair: Repair | None = None
+    free_slots: list[int] = []
+    ended = False
+
+    for index, (header, image) in enumerate(chain):
+        if index == 0 and header.first_lsn != expect:
+            raise WalCorruptError(
+                f"segment slot {image.slot} starts at lsn {header.first_lsn}, "
+                f"but the log must continue at {expect}"
+            )
+        if ended or header.first_lsn != expect:
+            # Past the end of the log: only leftovers of the torn write may live here.
+            ended = True
+            leftovers, _ = _our_frames_after(image.data, SEGMENT_HEADER_SIZE, header.salt, max_payload)
+            _check_leftovers(leftovers, expect, image.slot)
+            free_slots.append(image.slot)
+            continue
+        data = image.data
+        offset = SEGMENT_HEADER_SIZE
+        while True:
+            frame = None if is_end_marker(data, offset) else decode_frame_at(
+                data, offset, header.salt, max_payload
+            )
+            if frame is None or frame.lsn != expect:
+                break
+            frames.append(frame)
+            expect += 1
+            offset = frame.end
+        tail_slot, tail_offset, tail_header = image.slot, offset, header
+        leftovers, hit_end = _our_frames_after(data, offset, header.salt, max_payload)
+        if leftovers or hit_end > offset:
+            _check_leftovers(leftovers, expect, image.slot)
+            repair = Repair(image.slot, offset, hit_end)
+            ended = True
+    live = [h.seq for h, img in chain if img.slot not in free_slots]
+    return ReplayPlan(
+        frames=frames,
+        next_lsn=expect,
+        tail_slot=tail_slot,
+        tail_offset=tail_offset,
+        tail_header=tail_header,
+        chain_seqs=live,
+        repair=repair,
+        free_slots=free_slots,
+    )
+
+
+def _check_leftovers(leftovers: list[Frame], first_missing: int, slot: int) -> None:
+    for frame in leftovers:
+        if frame.batch_start > first_missing:
+            raise WalCorruptError(
+                f"segment slot {slot}: frame lsn {frame.lsn} (write starting at "
+                f"{frame.batch_start}) survives after missing lsn {first_missing}; "
+                "a durable write was lost"
+            )

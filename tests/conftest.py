@@ -1,0 +1,20 @@
+"""Shared fixtures. Async tests run on the asyncio backend only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> str:
+    """A not-yet-existing state directory under an owner-only parent."""
+    os.chmod(tmp_path, 0o700)
+    return str(tmp_path / "state")
