@@ -1,0 +1,66 @@
+"""Pure domain core of durable continuations: records, lifecycle, snapshot, capabilities.
+
+No I/O, no clock reads, no randomness: time and ids are passed in.
+"""
+
+from .errors import (
+    AdmissionLimit,
+    Closed,
+    Conflict,
+    ContinuationError,
+    Forbidden,
+    InvalidRequest,
+    InvalidTransition,
+    NotFound,
+    SnapshotError,
+    TooLarge,
+    Unauthorized,
+)
+from .model import (
+    FALLBACK_TEXT,
+    MODES,
+    ORIGIN_CONTEXTS,
+    STATES,
+    TERMINAL,
+    Activation,
+    Attempts,
+    Claim,
+    Continuation,
+    ErrorInfo,
+    Mode,
+    OriginContext,
+    Receipt,
+    ResultRecord,
+    State,
+    Tombstone,
+)
+
+__all__ = [
+    "FALLBACK_TEXT",
+    "MODES",
+    "ORIGIN_CONTEXTS",
+    "STATES",
+    "TERMINAL",
+    "Activation",
+    "AdmissionLimit",
+    "Attempts",
+    "Claim",
+    "Closed",
+    "Conflict",
+    "Continuation",
+    "ContinuationError",
+    "ErrorInfo",
+    "Forbidden",
+    "InvalidRequest",
+    "InvalidTransition",
+    "Mode",
+    "NotFound",
+    "OriginContext",
+    "Receipt",
+    "ResultRecord",
+    "SnapshotError",
+    "State",
+    "Tombstone",
+    "TooLarge",
+    "Unauthorized",
+]

@@ -1,0 +1,82 @@
+"""Errors of the continuation core. Each carries the HTTP status and code it maps to.
+
+Internally the precise error is raised; the HTTP edge converts it once into the JSON envelope
+``{"error": {"code": ..., "message": ...}}``. Messages never contain tokens or payloads.
+"""
+
+from __future__ import annotations
+
+
+class ContinuationError(Exception):
+    """Base of every error of the continuation core."""
+
+    status = 500
+    code = "internal"
+
+
+class InvalidRequest(ContinuationError):
+    """The caller sent something malformed or outside the rules (the caller's fault)."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(ContinuationError):
+    """No valid credential for this operation."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ContinuationError):
+    """The credential is valid but does not grant this operation or destination."""
+
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ContinuationError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ContinuationError):
+    """The request contradicts what was already accepted (identity reused, state refuses)."""
+
+    status = 409
+    code = "conflict"
+
+
+class Closed(ContinuationError):
+    """The capability or continuation no longer accepts this (closed, expired, terminal)."""
+
+    status = 410
+    code = "closed"
+
+
+class TooLarge(ContinuationError):
+    status = 413
+    code = "too_large"
+
+
+class AdmissionLimit(ContinuationError):
+    """Too many active continuations globally or for one origin."""
+
+    status = 429
+    code = "admission_limit"
+
+
+class InvalidTransition(Conflict):
+    """The lifecycle does not allow this event in the record's current state."""
+
+    def __init__(self, state: str, event: str) -> None:
+        self.state = state
+        self.event = event
+        super().__init__(f"{event} is not allowed in state {state}")
+
+
+class SnapshotError(ContinuationError):
+    """The origin history cannot form a valid snapshot (the host's fault)."""
+
+    status = 400
+    code = "invalid_request"

@@ -1,0 +1,333 @@
+"""The continuation lifecycle as pure functions ``(record, ..., now_ms) -> record``.
+
+Invariants:
+
+1. A result is accepted once (``claimed -> result_received``); later submissions must be
+   byte-identical (same idempotency key and payload hash) or they conflict.
+2. Synthesis starts at most once per accepted result: ``synthesizing`` is durable before the
+   model is called, and an interrupted synthesis is dead-lettered, never repeated.
+3. Text is durable (``ready_to_deliver``) before any delivery attempt, and
+   ``delivery_in_flight`` is durable before the channel is called, so a crash after posting
+   began is recognisable and becomes ``delivery_unknown`` instead of a second post.
+4. Terminal states change only through explicit operator actions.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from .errors import Closed, Conflict, InvalidTransition
+from .model import (
+    FALLBACK_TEXT,
+    MAX_DELIVERY_ATTEMPTS,
+    TERMINAL,
+    Attempts,
+    CompletionKind,
+    Continuation,
+    ErrorInfo,
+    Receipt,
+    ResultRecord,
+    State,
+)
+
+# event -> states in which it is allowed (the table; awkward cases live in the functions).
+ALLOWED: dict[str, frozenset[str]] = {
+    "submit_result": frozenset({"claimed"}),
+    "expire": frozenset({"claimed"}),
+    "begin_synthesis": frozenset({"result_received"}),
+    "finish_synthesis": frozenset({"synthesizing"}),
+    "prepare_without_model": frozenset({"result_received", "synthesizing"}),
+    "fail_synthesis": frozenset({"synthesizing"}),
+    "begin_delivery": frozenset({"ready_to_deliver", "delivery_retry"}),
+    "record_chunk": frozenset({"ready_to_deliver", "delivery_retry"}),
+    "delivered": frozenset({"ready_to_deliver", "delivery_retry"}),
+    "delivery_failed": frozenset({"ready_to_deliver", "delivery_retry"}),
+    "delivery_unknown": frozenset({"ready_to_deliver", "delivery_retry"}),
+    "dead_letter": frozenset(
+        {"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"}
+    ),
+    "settle_origin": frozenset(
+        {"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"} | TERMINAL
+    ),
+}
+
+
+def _require(rec: Continuation, event: str) -> None:
+    if rec.state not in ALLOWED[event]:
+        raise InvalidTransition(rec.state, event)
+
+
+def _terminal(rec: Continuation, state: State, now_ms: int, **changes: object) -> Continuation:
+    return msgspec.structs.replace(
+        rec, state=state, updated_at_ms=now_ms, terminal_at_ms=now_ms, delivery_in_flight=False, **changes
+    )
+
+
+# -- results ---------------------------------------------------------------------------------
+def same_result(rec: ResultRecord, idempotency_key: str, payload_hash: str) -> bool:
+    return rec.idempotency_key == idempotency_key and rec.payload_hash == payload_hash
+
+
+def submit_result(rec: Continuation, result: ResultRecord, now_ms: int) -> Continuation | None:
+    """Accept ``result``; None when it repeats the accepted one (idempotent, no change)."""
+    if rec.result is not None:
+        if same_result(rec.result, result.idempotency_key, result.payload_hash):
+            return None
+        raise Conflict("a different result was already accepted for this continuation")
+    if rec.state in ("expired", "cancelled"):
+        raise Closed(f"continuation is {rec.state}")
+    _require(rec, "submit_result")
+    if now_ms > rec.claim.deadline_ms:
+        raise Closed("the continuation's deadline has passed")
+    return msgspec.structs.replace(rec, state="result_received", result=result, updated_at_ms=now_ms)
+
+
+def expire(rec: Continuation, now_ms: int) -> Continuation:
+    _require(rec, "expire")
+    return _terminal(rec, "expired", now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed"))
+
+
+# -- origin settlement -----------------------------------------------------------------------
+def bind_snapshot(rec: Continuation, digest: str, mac: str, now_ms: int) -> Continuation:
+    if rec.origin_context != "pending":
+        raise InvalidTransition(rec.origin_context, "bind_snapshot")
+    return msgspec.structs.replace(rec, snapshot_digest=digest, snapshot_mac=mac, updated_at_ms=now_ms)
+
+
+def activate(rec: Continuation, now_ms: int) -> Continuation:
+    """The origin run committed: the bound snapshot becomes the pinned context."""
+    if rec.origin_context != "pending":
+        return rec
+    context = "pinned" if rec.snapshot_digest is not None else "abandoned"
+    return msgspec.structs.replace(rec, origin_context=context, updated_at_ms=now_ms)
+
+
+def abandon(rec: Continuation, now_ms: int) -> Continuation:
+    if rec.origin_context != "pending":
+        return rec
+    return msgspec.structs.replace(rec, origin_context="abandoned", updated_at_ms=now_ms)
+
+
+# -- synthesis -------------------------------------------------------------------------------
+def begin_synthesis(rec: Continuation, now_ms: int) -> Continuation:
+    _require(rec, "begin_synthesis")
+    if rec.deferred:
+        raise InvalidTransition("pending origin", "begin_synthesis")
+    attempts = Attempts(synthesis=rec.attempts.synthesis + 1, delivery=rec.attempts.delivery)
+    return msgspec.structs.replace(rec, state="synthesizing", attempts=attempts, updated_at_ms=now_ms)
+
+
+def finish_synthesis(rec: Continuation, text: str, now_ms: int) -> Continuation:
+    _require(rec, "finish_synthesis")
+    return msgspec.structs.replace(
+        rec, state="ready_to_deliver", text=text, completion_kind="synthesized", updated_at_ms=now_ms
+    )
+
+
+def prepare_without_model(rec: Continuation, kind: CompletionKind, now_ms: int) -> Continuation:
+    """Zero-model outcomes: the fixed fallback text, or no text (suppressed / silent)."""
+    _require(rec, "prepare_without_model")
+    if kind == "origin_context_unavailable":
+        return msgspec.structs.replace(
+            rec, state="ready_to_deliver", text=FALLBACK_TEXT, completion_kind=kind, updated_at_ms=now_ms
+        )
+    receipt_kind: Literal["suppressed", "silent"] = "suppressed" if kind == "suppressed" else "silent"
+    receipt = Receipt(kind=receipt_kind, delivered_at_ms=now_ms)
+    return _terminal(rec, "delivered", now_ms, completion_kind=kind, receipt=receipt)
+
+
+def fail_synthesis(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
+    _require(rec, "fail_synthesis")
+    return _terminal(rec, "dead_lettered", now_ms, last_error=ErrorInfo.bounded(code, message))
+
+
+# -- delivery --------------------------------------------------------------------------------
+def begin_delivery(rec: Continuation, now_ms: int) -> Continuation:
+    _require(rec, "begin_delivery")
+    if rec.delivery_in_flight:
+        raise InvalidTransition("delivery in flight", "begin_delivery")
+    attempts = Attempts(synthesis=rec.attempts.synthesis, delivery=rec.attempts.delivery + 1)
+    return msgspec.structs.replace(
+        rec, attempts=attempts, delivery_in_flight=True, next_attempt_at_ms=None, updated_at_ms=now_ms
+    )
+
+
+def record_chunk(rec: Continuation, delivery_id: str, now_ms: int) -> Continuation:
+    """One chunk of a multi-message answer has a native receipt."""
+    _require(rec, "record_chunk")
+    return msgspec.structs.replace(
+        rec, chunk_receipts=(*rec.chunk_receipts, delivery_id), updated_at_ms=now_ms
+    )
+
+
+def delivered(rec: Continuation, receipt: Receipt, now_ms: int) -> Continuation:
+    _require(rec, "delivered")
+    return _terminal(rec, "delivered", now_ms, receipt=receipt, last_error=None)
+
+
+def with_history(rec: Continuation, recorded: bool, error_code: str | None, now_ms: int) -> Continuation:
+    """Record the outcome of the post-delivery history append (never a reason to repost)."""
+    if rec.receipt is None:
+        raise InvalidTransition(rec.state, "with_history")
+    receipt = msgspec.structs.replace(
+        rec.receipt, history_recorded=recorded, history_error_code=(error_code or None) and error_code[:64]
+    )
+    return msgspec.structs.replace(rec, receipt=receipt, updated_at_ms=now_ms)
+
+
+def delivery_failed(
+    rec: Continuation,
+    *,
+    retryable: bool,
+    code: str,
+    message: str,
+    next_attempt_at_ms: int | None,
+    now_ms: int,
+) -> Continuation:
+    """A failed attempt with a known outcome (nothing was posted for the failing chunk)."""
+    _require(rec, "delivery_failed")
+    error = ErrorInfo.bounded(code, message)
+    if not retryable:
+        return _terminal(rec, "dead_lettered", now_ms, last_error=error)
+    if rec.attempts.delivery >= MAX_DELIVERY_ATTEMPTS:
+        return _terminal(
+            rec,
+            "dead_lettered",
+            now_ms,
+            last_error=ErrorInfo.bounded("retries_exhausted", f"{code}: {message}"),
+        )
+    return msgspec.structs.replace(
+        rec,
+        state="delivery_retry",
+        delivery_in_flight=False,
+        next_attempt_at_ms=next_attempt_at_ms,
+        last_error=error,
+        updated_at_ms=now_ms,
+    )
+
+
+def delivery_unknown(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
+    _require(rec, "delivery_unknown")
+    return _terminal(rec, "delivery_unknown", now_ms, last_error=ErrorInfo.bounded(code, message))
+
+
+def dead_letter(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
+    _require(rec, "dead_letter")
+    return _terminal(rec, "dead_lettered", now_ms, last_error=ErrorInfo.bounded(code, message))
+
+
+# -- recovery --------------------------------------------------------------------------------
+def recover(rec: Continuation, now_ms: int) -> Continuation | None:
+    """After a restart: what an interrupted record becomes (None: unchanged)."""
+    if rec.state == "synthesizing":
+        return _terminal(
+            rec,
+            "dead_lettered",
+            now_ms,
+            last_error=ErrorInfo.bounded("synthesis_interrupted", "the process stopped during synthesis"),
+        )
+    if rec.state in ("ready_to_deliver", "delivery_retry") and (rec.delivery_in_flight or rec.chunk_receipts):
+        return _terminal(
+            rec,
+            "delivery_unknown",
+            now_ms,
+            last_error=ErrorInfo.bounded(
+                "delivery_interrupted", "the process stopped after posting began; outcome unknown"
+            ),
+        )
+    return None
+
+
+# -- operator actions ------------------------------------------------------------------------
+def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
+    """Cancel active work. Idempotent for cancelled items; other terminal states are kept."""
+    if rec.state == "cancelled":
+        return None
+    if rec.terminal:
+        raise InvalidTransition(rec.state, "cancel")
+    return _terminal(
+        rec, "cancelled", now_ms, last_error=ErrorInfo.bounded("cancelled", "cancelled by operator")
+    )
+
+
+def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuation:
+    """Operator retry: schedule delivery (or synthesis when no text exists) now."""
+    if rec.state == "delivery_unknown" and not allow_unknown:
+        raise Conflict(
+            "delivery outcome is unknown: resolve it, or retry with allow_unknown after external verification"
+        )
+    if rec.state not in ("dead_lettered", "delivery_retry", "delivery_unknown"):
+        raise InvalidTransition(rec.state, "retry")
+    if (
+        rec.state == "dead_lettered"
+        and rec.last_error is not None
+        and rec.last_error.code == "binding_invalid"
+    ):
+        raise Conflict("claim metadata failed its integrity check; it cannot be retried")
+    attempts = Attempts(synthesis=rec.attempts.synthesis, delivery=0)
+    if rec.text is None and rec.completion_kind is None:
+        if rec.result is None:
+            raise InvalidTransition(rec.state, "retry")
+        state: State = "result_received"
+    else:
+        state = "delivery_retry"
+    return msgspec.structs.replace(
+        rec,
+        state=state,
+        attempts=attempts,
+        delivery_in_flight=False,
+        chunk_receipts=(),
+        next_attempt_at_ms=now_ms,
+        terminal_at_ms=None,
+        receipt=None,
+        updated_at_ms=now_ms,
+    )
+
+
+def resolve(
+    rec: Continuation,
+    kind: Literal["delivered", "not_delivered", "dead_lettered"],
+    delivery_id: str | None,
+    now_ms: int,
+) -> Continuation:
+    """Operator verdict on an unknown delivery outcome."""
+    if rec.state != "delivery_unknown":
+        raise InvalidTransition(rec.state, f"resolve {kind}")
+    if kind == "delivered":
+        if not delivery_id:
+            raise Conflict("resolving as delivered needs the externally verified delivery id")
+        receipt = Receipt(
+            kind="operator",
+            delivered_at_ms=now_ms,
+            delivery_ids=(*rec.chunk_receipts, delivery_id)
+            if delivery_id not in rec.chunk_receipts
+            else rec.chunk_receipts,
+        )
+        return msgspec.structs.replace(
+            rec,
+            state="delivered",
+            receipt=receipt,
+            last_error=None,
+            terminal_at_ms=now_ms,
+            updated_at_ms=now_ms,
+        )
+    if kind == "not_delivered":
+        # Held for an explicit operator retry: no automatic attempt is scheduled.
+        return msgspec.structs.replace(
+            rec,
+            state="delivery_retry",
+            delivery_in_flight=False,
+            chunk_receipts=(),
+            next_attempt_at_ms=None,
+            terminal_at_ms=None,
+            updated_at_ms=now_ms,
+        )
+    return msgspec.structs.replace(rec, state="dead_lettered", terminal_at_ms=now_ms, updated_at_ms=now_ms)
+
+
+def backoff_ms(attempt: int, jitter: float, *, base_ms: int = 1000, cap_ms: int = 300_000) -> int:
+    """Exponential backoff with full jitter in [50%, 100%] of the step; ``jitter`` in [0, 1)."""
+    step = min(cap_ms, base_ms * (2 ** max(0, attempt - 1)))
+    return int(step * (0.5 + 0.5 * jitter))

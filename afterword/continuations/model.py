@@ -1,0 +1,194 @@
+"""Records of the continuation core (msgspec Structs; stored as msgpack in the record store)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+State = Literal[
+    "claimed",
+    "result_received",
+    "synthesizing",
+    "ready_to_deliver",
+    "delivery_retry",
+    "delivered",
+    "delivery_unknown",
+    "expired",
+    "cancelled",
+    "dead_lettered",
+]
+STATES: tuple[State, ...] = (
+    "claimed",
+    "result_received",
+    "synthesizing",
+    "ready_to_deliver",
+    "delivery_retry",
+    "delivered",
+    "delivery_unknown",
+    "expired",
+    "cancelled",
+    "dead_lettered",
+)
+TERMINAL: frozenset[str] = frozenset(
+    {"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"}
+)
+# delivery_unknown is terminal for the worker but needs an operator: it is still "active"
+# for nothing else. Records in these states are not admitted against the active limits.
+
+OriginContext = Literal["pending", "pinned", "abandoned", "detached_latest", "legacy_missing", "scrubbed"]
+ORIGIN_CONTEXTS: tuple[OriginContext, ...] = (
+    "pending",
+    "pinned",
+    "abandoned",
+    "detached_latest",
+    "legacy_missing",
+    "scrubbed",
+)
+Mode = Literal["reply", "notify_if_actionable", "capture", "silent"]
+MODES: tuple[Mode, ...] = ("reply", "notify_if_actionable", "capture", "silent")
+Kind = Literal["interactive", "detached"]
+CompletionKind = Literal["synthesized", "origin_context_unavailable", "suppressed", "silent"]
+
+FALLBACK_TEXT = (
+    "The background task finished, but I could not safely restore the original conversation "
+    "context. Please ask me to check the result again."
+)
+MAX_ERROR_MESSAGE = 512
+MAX_DELIVERY_ATTEMPTS = 20
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+    @classmethod
+    def bounded(cls, code: str, message: str) -> ErrorInfo:
+        return cls(code=code[:64], message=message[:MAX_ERROR_MESSAGE])
+
+
+class Attempts(msgspec.Struct, frozen=True, kw_only=True):
+    synthesis: int = 0
+    delivery: int = 0
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """Proof of the terminal outcome of a delivered continuation."""
+
+    kind: Literal["posted", "captured", "suppressed", "silent", "operator"]
+    delivered_at_ms: int
+    channel_id: str | None = None
+    delivery_ids: tuple[str, ...] = ()
+    history_recorded: bool = True
+    history_error_code: str | None = None
+
+
+class ResultRecord(msgspec.Struct, frozen=True, kw_only=True):
+    idempotency_key: str
+    payload_hash: str
+    payload: bytes  # compact JSON with sorted keys, exactly as hashed
+    received_at_ms: int
+
+
+class Claim(msgspec.Struct, frozen=True, kw_only=True):
+    """Immutable claim metadata; its HMAC (``Continuation.claim_mac``) proves it unaltered."""
+
+    id: str
+    kind: Kind
+    server_name: str
+    run_id: str | None
+    conversation_id: str | None  # the exact origin bucket (interactive) or route conversation
+    reply_to: str | None  # physical route for reply mode
+    route: str | None  # named route (detached or named-route interactive)
+    mode: Mode
+    task_key: str
+    task_hash: str
+    deadline_ms: int
+    fingerprint: str
+    created_at_ms: int
+
+
+class Continuation(msgspec.Struct, frozen=True, kw_only=True):
+    claim: Claim
+    claim_mac: str
+    state: State = "claimed"
+    origin_context: OriginContext = "pending"
+    snapshot_digest: str | None = None
+    snapshot_mac: str | None = None
+    result: ResultRecord | None = None
+    text: str | None = None
+    completion_kind: CompletionKind | None = None
+    attempts: Attempts = Attempts()
+    next_attempt_at_ms: int | None = None
+    delivery_in_flight: bool = False
+    chunk_receipts: tuple[str, ...] = ()
+    last_error: ErrorInfo | None = None
+    receipt: Receipt | None = None
+    updated_at_ms: int = 0
+    terminal_at_ms: int | None = None
+    legacy: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.claim.id
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def deferred(self) -> bool:
+        """A result is held back until the origin is settled (activated or abandoned)."""
+        return self.origin_context == "pending"
+
+
+class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
+    """A compacted terminal continuation: enough to answer repeated claims and results."""
+
+    claim: Claim
+    claim_mac: str
+    state: State
+    idempotency_key: str | None
+    payload_hash: str | None
+    completion_kind: CompletionKind | None
+    receipt: Receipt | None
+    terminal_at_ms: int
+    last_error: ErrorInfo | None = None
+
+
+class Activation(msgspec.Struct, frozen=True, kw_only=True):
+    """Group activation marker: the origin run committed; its claims may proceed."""
+
+    run_id: str
+    conversation_id: str
+    history_boundary: int
+    activated_at_ms: int
+    claim_ids: tuple[str, ...]
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec_cont = msgspec.msgpack.Decoder(Continuation)
+_dec_tomb = msgspec.msgpack.Decoder(Tombstone)
+_dec_act = msgspec.msgpack.Decoder(Activation)
+_claim_json = msgspec.json.Encoder(order="sorted")
+
+
+def encode(obj: Continuation | Tombstone | Activation) -> bytes:
+    return _enc.encode(obj)
+
+
+def decode_continuation(data: bytes) -> Continuation:
+    return _dec_cont.decode(data)
+
+
+def decode_tombstone(data: bytes) -> Tombstone:
+    return _dec_tomb.decode(data)
+
+
+def decode_activation(data: bytes) -> Activation:
+    return _dec_act.decode(data)
+
+
+def canonical_claim(claim: Claim) -> bytes:
+    """Deterministic bytes of the immutable claim metadata (input of every binding HMAC)."""
+    return _claim_json.encode(claim)

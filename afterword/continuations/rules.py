@@ -1,0 +1,77 @@
+"""Validation rules for claims and results (pure; ``now_ms`` passed in)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime
+
+import msgspec
+
+from .errors import InvalidRequest, TooLarge
+
+MAX_DEADLINE_MS = 30 * 24 * 3600 * 1000
+MAX_RESULT_BODY = 256 * 1024
+MAX_CLAIM_BODY = 16 * 1024
+_TASK_KEY_RE = re.compile(r"^[\x21-\x7e]{1,256}$")
+_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+_json_sorted = msgspec.json.Encoder(order="sorted")
+
+
+def parse_deadline(value: str, now_ms: int) -> int:
+    """RFC 3339 in UTC, in the future, at most 30 days away; returns epoch ms."""
+    if not isinstance(value, str) or not value.endswith(("Z", "+00:00")) or "T" not in value:
+        raise InvalidRequest("deadline must be an RFC 3339 UTC timestamp like 2030-01-02T03:04:05.000Z")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest("deadline is not a valid RFC 3339 timestamp") from None
+    if parsed.tzinfo is None or parsed.utcoffset() != UTC.utcoffset(None):
+        raise InvalidRequest("deadline must be in UTC")
+    ms = int(parsed.timestamp() * 1000)
+    if ms <= now_ms:
+        raise InvalidRequest("deadline must be in the future")
+    if ms - now_ms > MAX_DEADLINE_MS:
+        raise InvalidRequest("deadline must be at most 30 days away")
+    return ms
+
+
+def format_ms(ms: int) -> str:
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def check_task_key(value: str, field: str = "taskKey") -> None:
+    if not isinstance(value, str) or not _TASK_KEY_RE.match(value):
+        raise InvalidRequest(f"{field} must be 1-256 printable ASCII characters without spaces")
+
+
+def check_task_hash(value: str) -> None:
+    check_task_key(value, "taskHash")
+
+
+def payload_hash(payload: object) -> str:
+    """Lowercase hex sha256 of the payload as compact JSON with sorted keys."""
+    return hashlib.sha256(_json_sorted.encode(payload)).hexdigest()
+
+
+def canonical_payload(payload: object) -> bytes:
+    return _json_sorted.encode(payload)
+
+
+def check_result(idempotency_key: str, claimed_hash: str, payload: object, body_len: int) -> bytes:
+    """Validate a result submission; return the canonical payload bytes."""
+    if body_len > MAX_RESULT_BODY:
+        raise TooLarge(f"result body exceeds {MAX_RESULT_BODY} bytes")
+    check_task_key(idempotency_key, "idempotencyKey")
+    if not isinstance(claimed_hash, str) or not _HASH_RE.match(claimed_hash):
+        raise InvalidRequest("payloadHash must be 64 lowercase hex characters")
+    canonical = canonical_payload(payload)
+    if hashlib.sha256(canonical).hexdigest() != claimed_hash:
+        raise InvalidRequest("payloadHash does not match the payload (sha256 of sorted compact JSON)")
+    return canonical
+
+
+def is_actionable(payload: object) -> bool:
+    """notify_if_actionable: a payload is actionable unless it says ``"actionable": false``."""
+    return not (isinstance(payload, dict) and payload.get("actionable") is False)

@@ -1,0 +1,187 @@
+"""The Quart app: decode, call the service, encode. No protocol rules live here."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException
+
+from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
+from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
+from ..service import ContinuationService
+from ..wire import (
+    ClaimRequest,
+    DetachedClaimRequest,
+    ErrorBody,
+    ErrorDetail,
+    ResolveRequest,
+    ResultRequest,
+    RetryRequest,
+)
+
+log = logging.getLogger("afterword.http")
+T = TypeVar("T")
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {
+    t: msgspec.json.Decoder(t)
+    for t in (ClaimRequest, DetachedClaimRequest, ResultRequest, ResolveRequest, RetryRequest)
+}
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "invalid_request",
+    409: "conflict",
+    410: "closed",
+    413: "too_large",
+    429: "admission_limit",
+}
+
+
+def json_response(body: object, status: int = 200) -> Response:
+    return Response(_encoder.encode(body), status=status, content_type="application/json")
+
+
+def error_response(status: int, code: str, message: str) -> Response:
+    return json_response(ErrorBody(error=ErrorDetail(code=code, message=message)), status)
+
+
+def _bearer() -> str:
+    value = request.headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("an Authorization: Bearer credential is required")
+    return token.strip()
+
+
+async def _body(limit: int) -> bytes:
+    length = request.content_length
+    if length is not None and length > limit:
+        raise TooLarge(f"request body exceeds {limit} bytes")
+    raw = await request.get_data(cache=False)
+    data = raw if isinstance(raw, bytes) else raw.encode()
+    if len(data) > limit:
+        raise TooLarge(f"request body exceeds {limit} bytes")
+    return data
+
+
+def _decode(kind: type[T], data: bytes) -> T:
+    ctype = request.headers.get("Content-Type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise InvalidRequest("Content-Type must be application/json")
+    try:
+        return _decoders[kind].decode(data)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid body: {exc}") from None
+    except msgspec.DecodeError:
+        raise InvalidRequest("body is not valid JSON") from None
+
+
+def create_app(service: ContinuationService) -> Quart:
+    """Build the HTTP facade for ``service`` (served on loopback only by ``serve``)."""
+    app = Quart("afterword.http", root_path=os.path.dirname(os.path.abspath(__file__)))
+    app.config["MAX_CONTENT_LENGTH"] = MAX_RESULT_BODY + 4096
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    @app.errorhandler(ContinuationError)
+    async def _domain_error(exc: ContinuationError) -> Response:
+        return error_response(exc.status, exc.code, str(exc))
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        return error_response(status, _HTTP_CODES.get(status, "internal"), exc.name)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.error("unexpected error handling %s %s: %s", request.method, request.path, type(exc).__name__)
+        return error_response(500, "internal", "internal error")
+
+    @app.post("/v1/continuations/claim")
+    async def claim() -> Response:
+        token = _bearer()
+        req = _decode(ClaimRequest, await _body(MAX_CLAIM_BODY))
+        return json_response(await service.claim(token, req))
+
+    @app.post("/v1/continuations/detached/claim")
+    async def detached_claim() -> Response:
+        token = _bearer()
+        name = request.headers.get("X-Mono-Agent-Service-Name", "")
+        if not name:
+            raise Unauthorized("X-Mono-Agent-Service-Name is required")
+        req = _decode(DetachedClaimRequest, await _body(MAX_CLAIM_BODY))
+        return json_response(await service.detached_claim(name, token, req))
+
+    @app.route("/v1/continuations/<cid>/result", methods=["PUT", "POST"])
+    async def result(cid: str) -> Response:
+        token = _bearer()
+        data = await _body(MAX_RESULT_BODY)
+        req = _decode(ResultRequest, data)
+        return json_response(await service.submit_result(cid, token, req, len(data)))
+
+    @app.get("/v1/continuations/<cid>")
+    async def status(cid: str) -> Response:
+        return json_response(service.status(cid, _bearer()))
+
+    # -- operator API (authenticated by the restart-stable operator capability) ----------------
+    def _operator() -> None:
+        service.verify_operator(_bearer())
+
+    @app.get("/v1/operator/continuations")
+    async def op_list() -> Response:
+        _operator()
+        raw_limit = request.args.get("limit")
+        limit: int | None = None
+        if raw_limit is not None:
+            if not raw_limit.isdigit():
+                raise InvalidRequest("limit must be a positive integer")
+            limit = int(raw_limit)
+        return json_response(service.list_continuations(limit=limit, cursor=request.args.get("cursor")))
+
+    @app.get("/v1/operator/health")
+    async def op_health() -> Response:
+        _operator()
+        return json_response(service.continuation_health())
+
+    @app.post("/v1/operator/continuations/<cid>/retry")
+    async def op_retry(cid: str) -> Response:
+        _operator()
+        data = await _body(MAX_CLAIM_BODY)
+        req = _decode(RetryRequest, data) if data else RetryRequest()
+        return json_response(await service.retry_continuation(cid, allow_unknown=req.allow_unknown))
+
+    @app.post("/v1/operator/continuations/<cid>/cancel")
+    async def op_cancel(cid: str) -> Response:
+        _operator()
+        return json_response(await service.cancel_continuation(cid))
+
+    @app.post("/v1/operator/continuations/<cid>/resolve")
+    async def op_resolve(cid: str) -> Response:
+        _operator()
+        req = _decode(ResolveRequest, await _body(MAX_CLAIM_BODY))
+        return json_response(
+            await service.resolve_continuation_delivery(
+                cid, {"kind": req.kind, "delivery_id": req.delivery_id}
+            )
+        )
+
+    @app.get("/v1/operator/metrics")
+    async def op_metrics() -> Response:
+        _operator()
+        from ..metrics import render_metrics
+
+        return Response(render_metrics(service), status=200, content_type="text/plain; version=0.0.4")
+
+    extra_routes: list[Callable[[Quart], None]] = getattr(service, "extra_routes", [])
+    for add in extra_routes:
+        add(app)
+    return app
+
+
+Handler = Callable[..., Awaitable[Response]]

@@ -1,0 +1,81 @@
+"""Serving the app with hypercorn on a pre-bound loopback socket.
+
+Binding the socket ourselves (and passing it to hypercorn as ``fd://``) means the port is
+listening before ``serve`` returns control, and a port already in use fails at once with a
+clear error instead of inside a background task.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+
+import anyio
+from anyio.abc import TaskGroup
+from hypercorn.asyncio import serve
+from hypercorn.config import Config as HypercornConfig
+
+from ..service import ContinuationService
+from .app import create_app
+
+log = logging.getLogger("afterword.http")
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class ServeError(Exception):
+    """The HTTP facade could not start (port in use, non-loopback host)."""
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    if host not in LOOPBACK_NAMES and not ipaddress.ip_address(host).is_loopback:
+        raise ServeError(f"refusing to serve on non-loopback host {host}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    addr = "127.0.0.1" if host == "localhost" else host
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(512)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpServer:
+    def __init__(self, service: ContinuationService) -> None:
+        self.service = service
+        self._stop = anyio.Event()
+        self._done = anyio.Event()
+        self._sock: socket.socket | None = None
+
+    async def start(self, tg: TaskGroup) -> None:
+        cfg = self.service.config
+        self._sock = _bind(cfg.host, cfg.port)
+        hc = HypercornConfig()
+        hc.bind = [f"fd://{self._sock.fileno()}"]
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("afterword.hypercorn")
+        hc.graceful_timeout = 5.0
+        hc.keep_alive_timeout = 30.0
+        app = create_app(self.service)
+        tg.start_soon(self._run, app, hc)
+        log.info("serving on %s", self.service.base_url)
+
+    async def _run(self, app: object, hc: HypercornConfig) -> None:
+        try:
+            await serve(app, hc, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+        finally:
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass  # hypercorn already closed the descriptor it was handed
+            self._done.set()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        with anyio.move_on_after(10):
+            await self._done.wait()

@@ -1,0 +1,161 @@
+"""Typed continuation records over the record store, with in-memory indexes.
+
+Keys: ``c/<id>`` live continuations, ``t/<id>`` compacted tombstones, ``a/<run digest>``
+group activation markers. Indexes (kept current by a store watcher, so replay and live
+commits update them the same way): counts by state, active counts by origin, keyset order
+``(created_at_ms, id)`` for operator pages, and the set of ids the worker may act on.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import blake3
+
+from .continuations.health import ACTIVE
+from .continuations.model import (
+    Activation,
+    Continuation,
+    Tombstone,
+    decode_activation,
+    decode_continuation,
+    decode_tombstone,
+    encode,
+)
+from .store import Delete, Mutation, Put, Record, RecordStore
+
+LIVE = "c/"
+TOMB = "t/"
+ACTIVATION = "a/"
+
+
+def origin_key(rec: Continuation) -> str:
+    c = rec.claim
+    if c.kind == "detached":
+        return f"detached\x00{c.server_name}\x00{c.route}"
+    return f"run\x00{c.run_id}\x00{c.conversation_id}"
+
+
+def activation_key(run_id: str) -> str:
+    return ACTIVATION + blake3.blake3(run_id.encode()).hexdigest()[:48]
+
+
+class Repository:
+    def __init__(self, store: RecordStore) -> None:
+        self.store = store
+        self._live: dict[str, Continuation] = {}
+        self._tombs: dict[str, Tombstone] = {}
+        self.state_counts: Counter[str] = Counter()
+        self.origin_active: Counter[str] = Counter()
+        self.history_unrecorded = 0
+        self._order: list[tuple[int, str]] = []
+        store.watch(LIVE, self._on_live)
+        store.watch(TOMB, self._on_tomb)
+
+    # -- index maintenance -------------------------------------------------------------------
+    def _account(self, rec: Continuation, sign: int) -> None:
+        self.state_counts[rec.state] += sign
+        if rec.state in ACTIVE:
+            self.origin_active[origin_key(rec)] += sign
+        if rec.state == "delivered" and rec.receipt is not None and not rec.receipt.history_recorded:
+            self.history_unrecorded += sign
+
+    def _on_live(self, key: str, old: Record | None, new: Record | None) -> None:
+        cid = key[len(LIVE) :]
+        prev = self._live.pop(cid, None)
+        if prev is not None:
+            self._account(prev, -1)
+            if new is None:
+                self._remove_order(prev)
+        if new is not None:
+            rec = decode_continuation(new.value)
+            self._live[cid] = rec
+            self._account(rec, +1)
+            if prev is None:
+                bisect.insort(self._order, (rec.claim.created_at_ms, cid))
+
+    def _on_tomb(self, key: str, old: Record | None, new: Record | None) -> None:
+        cid = key[len(TOMB) :]
+        prev = self._tombs.pop(cid, None)
+        if prev is not None:
+            self.state_counts[prev.state] -= 1
+            if new is None:
+                self._order_remove(prev.claim.created_at_ms, cid)
+        if new is not None:
+            tomb = decode_tombstone(new.value)
+            self._tombs[cid] = tomb
+            self.state_counts[tomb.state] += 1
+            if prev is None and cid not in self._live:
+                bisect.insort(self._order, (tomb.claim.created_at_ms, cid))
+
+    def _remove_order(self, rec: Continuation) -> None:
+        if rec.id not in self._tombs:
+            self._order_remove(rec.claim.created_at_ms, rec.id)
+
+    def _order_remove(self, created: int, cid: str) -> None:
+        i = bisect.bisect_left(self._order, (created, cid))
+        if i < len(self._order) and self._order[i] == (created, cid):
+            del self._order[i]
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, cid: str) -> Continuation | None:
+        return self._live.get(cid)
+
+    def tombstone(self, cid: str) -> Tombstone | None:
+        return self._tombs.get(cid)
+
+    def version(self, cid: str) -> int | None:
+        rec = self.store.get(LIVE + cid)
+        return rec.lsn if rec is not None else None
+
+    def live(self) -> Iterable[Continuation]:
+        return list(self._live.values())
+
+    @property
+    def active_total(self) -> int:
+        return sum(self.state_counts[s] for s in ACTIVE)
+
+    def activation(self, run_id: str) -> Activation | None:
+        rec = self.store.get(activation_key(run_id))
+        return decode_activation(rec.value) if rec is not None else None
+
+    def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[Continuation | Tombstone], bool]:
+        """Up to ``limit`` records after the keyset position, and whether more remain."""
+        start = 0 if after is None else bisect.bisect_right(self._order, after)
+        out: list[Continuation | Tombstone] = []
+        i = start
+        while i < len(self._order) and len(out) < limit:
+            cid = self._order[i][1]
+            item: Continuation | Tombstone | None = self._live.get(cid) or self._tombs.get(cid)
+            if item is not None:
+                out.append(item)
+            i += 1
+        return out, i < len(self._order)
+
+    # -- writes ------------------------------------------------------------------------------
+    @staticmethod
+    def put(rec: Continuation) -> Put:
+        blobs = (rec.snapshot_digest,) if rec.snapshot_digest else ()
+        return Put(LIVE + rec.id, encode(rec), blobs)
+
+    async def save(
+        self, records: Sequence[Continuation], *, extra: Sequence[Mutation] = (), create: bool = False
+    ) -> int:
+        """Commit new versions of ``records`` atomically, checking nobody changed them since
+        this process last read them (or, with ``create``, that they do not exist)."""
+        expect: dict[str, int | None] = {}
+        for rec in records:
+            expect[LIVE + rec.id] = None if create else self.version(rec.id)
+        return await self.store.transact([*(self.put(r) for r in records), *extra], expect=expect)
+
+    async def compact(self, rec: Continuation, tomb: Tombstone) -> int:
+        return await self.store.transact(
+            [Delete(LIVE + rec.id), Put(TOMB + rec.id, encode(tomb))],
+            expect={LIVE + rec.id: self.version(rec.id)},
+        )
+
+    @staticmethod
+    def activation_put(run_id: str, marker: Activation) -> Put:
+        return Put(activation_key(run_id), encode(marker))

@@ -1,0 +1,61 @@
+"""``open_service``: the embedded app handle with its HTTP server and worker running."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from .blobs import BlobStore
+from .config import Config, load_config
+from .http.server import HttpServer
+from .service import ContinuationService, wall_clock_ms
+from .store import RecordStore
+
+
+@asynccontextmanager
+async def open_service(
+    config: Config | str | os.PathLike[str],
+    *,
+    synthesizer: Any = None,
+    channels: Mapping[str, Any] | None = None,
+    history: Any = None,
+    serve_http: bool = True,
+    run_worker: bool = True,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+    environ: Mapping[str, str] | None = None,
+) -> AsyncIterator[ContinuationService]:
+    """Open the state directory, recover, serve HTTP and run the worker until exit.
+
+    On exit the HTTP server stops admitting, in-flight work drains within a bound, and the
+    store is closed (everything acknowledged is already durable).
+    """
+    if not isinstance(config, Config):
+        config = load_config(config, environ=environ)
+    store = RecordStore.open(config.state_dir)
+    try:
+        blobs = BlobStore(store.root, store.secret)
+        service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
+        from .worker.compose import attach_worker  # the worker layer sits above the service
+
+        worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
+        await service.recover()
+        async with anyio.create_task_group() as tg:
+            http = HttpServer(service)
+            if serve_http:
+                await http.start(tg)
+            if run_worker:
+                await tg.start(worker.run)
+            try:
+                yield service
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if serve_http:
+                        await http.stop()
+                    await worker.stop()
+                tg.cancel_scope.cancel()
+    finally:
+        store.close()

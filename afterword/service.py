@@ -1,0 +1,627 @@
+"""ContinuationService: the app handle. Composes the store, blobs, capabilities and worker.
+
+The HTTP facade and the CLI are thin layers over the methods here. Every state change goes
+through a pure lifecycle function and one WAL transaction; the service holds a per-record
+lock around read-modify-write so concurrent requests on one continuation serialize, and the
+store's version check (``expect``) catches anything that slips past.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+
+from .blobs import BlobStore
+from .config import Config
+from .config import detached_token as read_detached_token
+from .continuations import lifecycle
+from .continuations.capabilities import (
+    claim_mac,
+    claim_token,
+    continuation_id,
+    fingerprint,
+    operator_token,
+    parse_claim_token,
+    result_token,
+    verify_bearer,
+    verify_operator_token,
+    verify_result_token,
+)
+from .continuations.errors import (
+    AdmissionLimit,
+    Closed,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+)
+from .continuations.health import health_of
+from .continuations.model import (
+    MODES,
+    Activation,
+    Claim,
+    Continuation,
+    Mode,
+    ResultRecord,
+    Tombstone,
+    canonical_claim,
+)
+from .continuations.rules import check_result, check_task_hash, check_task_key, format_ms, parse_deadline
+from .continuations.snapshot import build_snapshot, encode_snapshot
+from .host.binding import ClaimCapability, RunBinding
+from .repository import Repository
+from .store import RecordStore, VersionConflict
+from .store.keys import derive_key
+from .views import list_item, status_body
+from .wire import (
+    ClaimRequest,
+    ClaimResponse,
+    DetachedClaimRequest,
+    HealthBody,
+    ListResponse,
+    ResultRequest,
+    StatusBody,
+)
+
+log = logging.getLogger("afterword.service")
+
+CLAIM_CAPABILITY_TTL_MS = 60 * 60 * 1000
+RECOVERY_BATCH = 100
+ResolutionKind = Literal["delivered", "not_delivered", "dead_lettered"]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class ServiceHooks:
+    """Explicit test hooks (never set in production): awaited at named points."""
+
+    before_claim_commit: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    kind: ResolutionKind
+    delivery_id: str | None = None
+
+
+class ContinuationService:
+    """Durable continuations over one open state directory.
+
+    Use :func:`afterword.open_service` to get one with its HTTP server and worker running.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        store: RecordStore,
+        blobs: BlobStore,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        token_bytes: Callable[[int], bytes] = secrets.token_bytes,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.blobs = blobs
+        self.clock_ms = clock_ms
+        self._token_bytes = token_bytes
+        self._environ = environ if environ is not None else os.environ
+        secret = store.secret
+        self._k_ids = derive_key(secret, "continuation-ids")
+        self._k_result = derive_key(secret, "result-tokens")
+        self._k_claim = derive_key(secret, "claim-capabilities")
+        self._k_operator = derive_key(secret, "operator")
+        self._k_claim_mac = derive_key(secret, "claim-binding")
+        self._k_cursor = derive_key(secret, "operator-cursor")
+        self.repo = Repository(store)
+        self.hooks = ServiceHooks()
+        self._caps: dict[str, ClaimCapability] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._lock_users: Counter[str] = Counter()
+        self._admitting: Counter[str] = Counter()
+        self.admitting_total = 0
+        self.work_available = anyio.Event()
+        self.on_change: list[Callable[[Continuation | None, Continuation], None]] = []
+
+    # -- urls and keys -----------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return self.config.base_url
+
+    @property
+    def claim_url(self) -> str:
+        return f"{self.base_url}/v1/continuations/claim"
+
+    def result_url(self, cid: str) -> str:
+        return f"{self.base_url}/v1/continuations/{cid}/result"
+
+    def status_url(self, cid: str) -> str:
+        return f"{self.base_url}/v1/continuations/{cid}"
+
+    def operator_token(self) -> str:
+        return operator_token(self._k_operator)
+
+    def verify_operator(self, token: str) -> None:
+        if not verify_operator_token(self._k_operator, token):
+            raise Unauthorized("operator capability required")
+
+    # -- locking -----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _locked(self, ids: Iterable[str]) -> AsyncIterator[None]:
+        ordered = sorted(set(ids))
+        for cid in ordered:
+            self._lock_users[cid] += 1
+        acquired: list[anyio.Lock] = []
+        try:
+            for cid in ordered:
+                lock = self._locks.setdefault(cid, anyio.Lock())
+                await lock.acquire()
+                acquired.append(lock)
+            yield
+        finally:
+            for lock in reversed(acquired):
+                lock.release()
+            for cid in ordered:
+                self._lock_users[cid] -= 1
+                if self._lock_users[cid] <= 0:
+                    del self._lock_users[cid]
+                    self._locks.pop(cid, None)
+
+    def _notify(self, old: Continuation | None, new: Continuation) -> None:
+        for fn in self.on_change:
+            fn(old, new)
+        self.work_available.set()
+
+    async def commit(
+        self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Any] = ()
+    ) -> None:
+        """Commit new versions (create when old is None) in one transaction, then notify."""
+        creates = [new for old, new in pairs if old is None]
+        updates = [new for old, new in pairs if old is not None]
+        expect: dict[str, int | None] = {}
+        for rec in creates:
+            expect["c/" + rec.id] = None
+        for rec in updates:
+            expect["c/" + rec.id] = self.repo.version(rec.id)
+        await self.store.transact([*(self.repo.put(r) for r in (*creates, *updates)), *extra], expect=expect)
+        for old, new in pairs:
+            self._notify(old, new)
+
+    async def transition(
+        self, cid: str, fn: Callable[[Continuation], Continuation | None]
+    ) -> tuple[Continuation, bool]:
+        """Apply a pure transition to one record under its lock; returns (record, changed)."""
+        async with self._locked([cid]):
+            rec = self.repo.get(cid)
+            if rec is None:
+                raise NotFound(f"no continuation {cid}")
+            new = fn(rec)
+            if new is None or new == rec:
+                return rec, False
+            await self.commit([(rec, new)])
+            return new, True
+
+    # -- claims ------------------------------------------------------------------------------
+    def _claim_response(self, rec: Continuation | Tombstone) -> ClaimResponse:
+        cid = rec.claim.id
+        return ClaimResponse(
+            continuation_id=cid,
+            result_url=self.result_url(cid),
+            status_url=self.status_url(cid),
+            result_token=result_token(self._k_result, cid),
+            expires_at=format_ms(rec.claim.deadline_ms),
+            fingerprint=rec.claim.fingerprint,
+        )
+
+    @staticmethod
+    def _claim_difference(a: Claim, b: Claim) -> str | None:
+        if a.task_hash != b.task_hash:
+            return "taskHash"
+        if a.deadline_ms != b.deadline_ms:
+            return "deadline"
+        fields = ("kind", "server_name", "run_id", "conversation_id", "reply_to", "route", "mode")
+        if any(getattr(a, f) != getattr(b, f) for f in fields):
+            return "binding"
+        return None
+
+    async def _admit(self, claim: Claim, origin_context: str, origin: str) -> ClaimResponse:
+        async with self._locked([claim.id]):
+            existing: Continuation | Tombstone | None = self.repo.get(claim.id) or self.repo.tombstone(
+                claim.id
+            )
+            if existing is not None:
+                diff = self._claim_difference(existing.claim, claim)
+                if diff is not None:
+                    raise Conflict(f"this task key was already claimed with a different {diff}")
+                return self._claim_response(existing)
+            limits = self.config.limits
+            if self.repo.active_total + self.admitting_total >= limits.max_active_records:
+                raise AdmissionLimit("too many active continuations")
+            if self.repo.origin_active[origin] + self._admitting[origin] >= limits.max_active_per_origin:
+                raise AdmissionLimit("too many active continuations for this origin")
+            rec = Continuation(
+                claim=claim,
+                claim_mac=claim_mac(self._k_claim_mac, claim),
+                origin_context=origin_context,  # type: ignore[arg-type]
+                updated_at_ms=claim.created_at_ms,
+            )
+            self._admitting[origin] += 1
+            self.admitting_total += 1
+            try:
+                if self.hooks.before_claim_commit is not None:
+                    await self.hooks.before_claim_commit()
+                await self.commit([(None, rec)])
+            finally:
+                self._admitting[origin] -= 1
+                self.admitting_total -= 1
+                if self._admitting[origin] <= 0:
+                    del self._admitting[origin]
+            log.info("continuation %s claimed by %s (mode %s)", claim.id, claim.server_name, claim.mode)
+            return self._claim_response(rec)
+
+    async def claim(self, token: str, req: ClaimRequest) -> ClaimResponse:
+        """A request-bound claim from a selected server during its MCP request."""
+        cap_id = parse_claim_token(self._k_claim, token)
+        if cap_id is None:
+            raise Unauthorized("a valid claim capability is required")
+        cap = self._caps.get(cap_id)
+        now = self.clock_ms()
+        if cap is None or cap.closed or now > cap.expires_at_ms:
+            raise Closed("this claim capability is closed")
+        cap.enter()  # no await between the closed check and this: close() waits for us
+        try:
+            check_task_key(req.task_key)
+            check_task_hash(req.task_hash)
+            deadline = parse_deadline(req.deadline, now)
+            cid = continuation_id(self._k_ids, "interactive", cap.server_name, req.task_key)
+            claim = Claim(
+                id=cid,
+                kind="interactive",
+                server_name=cap.server_name,
+                run_id=cap.run_id,
+                conversation_id=cap.conversation_id,
+                reply_to=cap.reply_to,
+                route=None,
+                mode=cap.mode,  # type: ignore[arg-type]
+                task_key=req.task_key,
+                task_hash=req.task_hash,
+                deadline_ms=deadline,
+                fingerprint=cap.fingerprint,
+                created_at_ms=now,
+            )
+            response = await self._admit(claim, "pending", f"run\x00{cap.run_id}\x00{cap.conversation_id}")
+            if cid not in cap.claim_ids:
+                cap.claim_ids.append(cid)
+            return response
+        finally:
+            cap.leave()
+
+    async def detached_claim(self, service_name: str, token: str, req: DetachedClaimRequest) -> ClaimResponse:
+        """A claim by a configured detached service on a configured named route."""
+        service = self.config.detached_services.get(service_name)
+        if service is None:
+            raise Unauthorized("unknown detached service or wrong token")
+        try:
+            expected = read_detached_token(self.config, service_name, self._environ)
+        except Exception:
+            raise Unauthorized("unknown detached service or wrong token") from None
+        if not verify_bearer(expected, token):
+            raise Unauthorized("unknown detached service or wrong token")
+        route = self.config.named_routes.get(req.route)
+        if route is None:
+            raise Forbidden("route is not a configured named route")
+        now = self.clock_ms()
+        check_task_key(req.task_key)
+        check_task_hash(req.task_hash)
+        deadline = parse_deadline(req.deadline, now)
+        mode: Mode = route.mode
+        claim = Claim(
+            id=continuation_id(self._k_ids, "detached", service_name, req.task_key),
+            kind="detached",
+            server_name=service_name,
+            run_id=None,
+            conversation_id=route.conversation_id,
+            reply_to=route.conversation_id if mode == "notify_if_actionable" else None,
+            route=req.route,
+            mode=mode,
+            task_key=req.task_key,
+            task_hash=req.task_hash,
+            deadline_ms=deadline,
+            fingerprint=fingerprint(None, service_name, route.conversation_id, None, mode, req.route),
+            created_at_ms=now,
+        )
+        return await self._admit(claim, "detached_latest", f"detached\x00{service_name}\x00{req.route}")
+
+    # -- results and status ------------------------------------------------------------------
+    def _check_result_token(self, cid: str, token: str) -> None:
+        if not verify_result_token(self._k_result, cid, token):
+            raise Unauthorized("a valid result token for this continuation is required")
+
+    async def submit_result(self, cid: str, token: str, req: ResultRequest, body_len: int) -> StatusBody:
+        self._check_result_token(cid, token)
+        canonical = check_result(req.idempotency_key, req.payload_hash, req.payload, body_len)
+        async with self._locked([cid]):
+            rec = self.repo.get(cid)
+            if rec is None:
+                tomb = self.repo.tombstone(cid)
+                if tomb is None:
+                    raise NotFound(f"no continuation {cid}")
+                if tomb.idempotency_key == req.idempotency_key and tomb.payload_hash == req.payload_hash:
+                    return status_body(tomb)
+                if tomb.idempotency_key is None:
+                    raise Closed(f"continuation is {tomb.state}")
+                raise Conflict("a different result was already accepted for this continuation")
+            now = self.clock_ms()
+            result = ResultRecord(
+                idempotency_key=req.idempotency_key,
+                payload_hash=req.payload_hash,
+                payload=canonical,
+                received_at_ms=now,
+            )
+            new = lifecycle.submit_result(rec, result, now)
+            if new is None:
+                return status_body(rec)
+            await self.commit([(rec, new)])
+            log.info("continuation %s result received%s", cid, " (deferred)" if new.deferred else "")
+            return status_body(new)
+
+    def status(self, cid: str, token: str) -> StatusBody:
+        self._check_result_token(cid, token)
+        rec: Continuation | Tombstone | None = self.repo.get(cid) or self.repo.tombstone(cid)
+        if rec is None:
+            raise NotFound(f"no continuation {cid}")
+        return status_body(rec)
+
+    # -- host side ---------------------------------------------------------------------------
+    def begin_run(
+        self, run_id: str, conversation_id: str, reply_to: str | None, mode: str = "reply"
+    ) -> RunBinding:
+        """Issue claim capabilities for one agent run (one per selected server)."""
+        if not run_id or not conversation_id:
+            raise InvalidRequest("run_id and conversation_id are required")
+        if mode not in MODES:
+            raise InvalidRequest(f"unknown delivery mode {mode!r}")
+        if mode in ("reply", "notify_if_actionable") and not reply_to:
+            raise InvalidRequest(f"mode {mode} needs the physical reply route")
+        caps: dict[str, ClaimCapability] = {}
+        if self.config.enabled:
+            now = self.clock_ms()
+            for server in self.config.continuation_servers:
+                cap_id = base64.urlsafe_b64encode(self._token_bytes(18)).decode().rstrip("=")
+                cap = ClaimCapability(
+                    capability_id=cap_id,
+                    run_id=run_id,
+                    server_name=server,
+                    conversation_id=conversation_id,
+                    reply_to=reply_to,
+                    mode=mode,
+                    fingerprint=fingerprint(run_id, server, conversation_id, reply_to, mode),
+                    token=claim_token(self._k_claim, cap_id),
+                    expires_at_ms=now + CLAIM_CAPABILITY_TTL_MS,
+                )
+                caps[server] = cap
+                self._caps[cap_id] = cap
+        return RunBinding(self, run_id, conversation_id, reply_to, mode, caps)
+
+    def _forget_capabilities(self, caps: Iterable[ClaimCapability]) -> None:
+        for cap in caps:
+            self._caps.pop(cap.capability_id, None)
+
+    def _run_claims(self, binding: RunBinding) -> list[str]:
+        ids: list[str] = []
+        for cap in binding._caps.values():
+            ids.extend(cap.claim_ids)
+        return ids
+
+    def _active_claims_of(self, binding: RunBinding) -> list[str]:
+        out = []
+        for cid in self._run_claims(binding):
+            rec = self.repo.get(cid)
+            if rec is not None and not rec.terminal:
+                out.append(cid)
+        return out
+
+    async def _update_run(
+        self,
+        binding: RunBinding,
+        fn: Callable[[Continuation], Continuation],
+        extra: Callable[[list[Continuation]], Sequence[Any]] = lambda _: (),
+    ) -> list[Continuation]:
+        ids = self._active_claims_of(binding)
+        for _attempt in range(5):
+            async with self._locked(ids):
+                pairs = []
+                for cid in ids:
+                    rec = self.repo.get(cid)
+                    if rec is not None and rec.origin_context == "pending":
+                        pairs.append((rec, fn(rec)))
+                if not pairs and not ids:
+                    return []
+                try:
+                    await self.commit(pairs, extra=extra([new for _, new in pairs]))
+                except VersionConflict:
+                    continue
+                return [new for _, new in pairs]
+        raise Conflict("origin settlement kept conflicting with concurrent updates")
+
+    async def _finalize_run(self, binding: RunBinding, history: Sequence[Mapping[str, Any]]) -> str | None:
+        ids = [cid for cid in self._active_claims_of(binding) if self.repo.get(cid) is not None]
+        pending = [cid for cid in ids if self.repo.get(cid).origin_context == "pending"]  # type: ignore[union-attr]
+        if not pending:
+            return None
+        snapshot = build_snapshot(binding.conversation_id, history)
+        binding.history_boundary = snapshot.history_boundary  # type: ignore[attr-defined]
+        digest = self.blobs.put(encode_snapshot(snapshot))
+        now = self.clock_ms()
+        try:
+            await self._update_run(
+                binding,
+                lambda rec: lifecycle.bind_snapshot(
+                    rec, digest, self.blobs.bind(digest, canonical_claim(rec.claim)), now
+                ),
+            )
+        finally:
+            self.blobs.unpin(digest)
+        log.info("run origin snapshot bound to %d continuation(s)", len(pending))
+        return digest
+
+    async def _activate_run(self, binding: RunBinding) -> None:
+        now = self.clock_ms()
+        boundary = int(getattr(binding, "history_boundary", 0))
+
+        def marker(recs: list[Continuation]) -> Sequence[Any]:
+            if not recs:
+                return ()
+            act = Activation(
+                run_id=binding.run_id,
+                conversation_id=binding.conversation_id,
+                history_boundary=boundary,
+                activated_at_ms=now,
+                claim_ids=tuple(r.id for r in recs),
+            )
+            return (self.repo.activation_put(binding.run_id, act),)
+
+        recs = await self._update_run(binding, lambda rec: lifecycle.activate(rec, now), marker)
+        if recs:
+            log.info("run origin activated for %d continuation(s)", len(recs))
+
+    async def _abandon_run(self, binding: RunBinding) -> None:
+        now = self.clock_ms()
+        recs = await self._update_run(binding, lambda rec: lifecycle.abandon(rec, now))
+        if recs:
+            log.info("run origin abandoned for %d continuation(s)", len(recs))
+
+    # -- recovery ----------------------------------------------------------------------------
+    async def recover(self) -> int:
+        """Finish what a stop interrupted: settle origins, and turn interrupted synthesis or
+        delivery into a non-replayed terminal state. Returns the number of records changed."""
+        now = self.clock_ms()
+        changes: list[tuple[Continuation, Continuation]] = []
+        for rec in self.repo.live():
+            new = rec
+            if new.origin_context == "pending" and new.claim.kind == "interactive":
+                marker = self.repo.activation(new.claim.run_id or "")
+                if marker is not None and new.id in marker.claim_ids:
+                    new = lifecycle.activate(new, now)
+                else:
+                    new = lifecycle.abandon(new, now)  # the origin run died before commit
+            recovered = lifecycle.recover(new, now)
+            if recovered is not None:
+                new = recovered
+            if new != rec:
+                changes.append((rec, new))
+        for i in range(0, len(changes), RECOVERY_BATCH):
+            await self.commit(changes[i : i + RECOVERY_BATCH])
+        if changes:
+            log.info("recovery changed %d continuation(s)", len(changes))
+        return len(changes)
+
+    # -- operator ----------------------------------------------------------------------------
+    def continuation_health(self) -> HealthBody:
+        counts = {k: v for k, v in self.repo.state_counts.items() if v > 0}
+        return HealthBody(
+            status=health_of(counts, self.repo.history_unrecorded),
+            counts=counts,
+            history_unrecorded=self.repo.history_unrecorded,
+            active=self.repo.active_total,
+        )
+
+    def _encode_cursor(self, position: tuple[int, str]) -> str:
+        body = base64.urlsafe_b64encode(f"{position[0]}:{position[1]}".encode()).decode().rstrip("=")
+        mac = hmac.new(self._k_cursor, body.encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{body}.{mac}"
+
+    def _decode_cursor(self, cursor: str) -> tuple[int, str]:
+        body, sep, mac = cursor.partition(".")
+        expected = hmac.new(self._k_cursor, body.encode(), hashlib.sha256).hexdigest()[:32]
+        if not sep or not hmac.compare_digest(expected.encode(), mac.encode()):
+            raise InvalidRequest("invalid cursor")
+        try:
+            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+            created, cid = raw.split(":", 1)
+            return int(created), cid
+        except ValueError:
+            raise InvalidRequest("invalid cursor") from None
+
+    def list_continuations(self, limit: int | None = None, cursor: str | None = None) -> ListResponse:
+        page_size = self.config.limits.operator_page_size
+        if limit is None:
+            limit = page_size
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRequest("limit must be a positive integer")
+        if limit > page_size:
+            raise InvalidRequest(f"limit may not exceed the configured page size {page_size}")
+        after = self._decode_cursor(cursor) if cursor else None
+        items, more = self.repo.page(after, limit)
+        next_cursor = None
+        if more and items:
+            last = items[-1]
+            next_cursor = self._encode_cursor((last.claim.created_at_ms, last.claim.id))
+        return ListResponse(items=[list_item(i) for i in items], next_cursor=next_cursor)
+
+    def captured_continuation_text(self, cid: str) -> str | None:
+        """The retained text of a delivered capture continuation; None for anything else."""
+        rec = self.repo.get(cid)
+        if rec is None:
+            if self.repo.tombstone(cid) is None:
+                raise NotFound(f"no continuation {cid}")
+            return None
+        if rec.claim.mode != "capture" or rec.state != "delivered":
+            return None
+        return rec.text
+
+    async def retry_continuation(self, cid: str, allow_unknown: bool = False) -> StatusBody:
+        now = self.clock_ms()
+        rec, _ = await self.transition(
+            cid, lambda r: lifecycle.retry(r, allow_unknown=allow_unknown, now_ms=now)
+        )
+        log.info("continuation %s retried by operator", cid)
+        return status_body(rec)
+
+    async def cancel_continuation(self, cid: str) -> StatusBody:
+        now = self.clock_ms()
+        if self.repo.get(cid) is None and (tomb := self.repo.tombstone(cid)) is not None:
+            if tomb.state == "cancelled":
+                return status_body(tomb)
+            raise Conflict(f"cancel is not allowed in state {tomb.state}")
+        rec, _ = await self.transition(cid, lambda r: lifecycle.cancel(r, now))
+        return status_body(rec)
+
+    async def resolve_continuation_delivery(
+        self, cid: str, resolution: Resolution | Mapping[str, Any]
+    ) -> StatusBody:
+        if isinstance(resolution, Mapping):
+            kind = resolution.get("kind")
+            if kind not in ("delivered", "not_delivered", "dead_lettered"):
+                raise InvalidRequest("resolution kind must be delivered, not_delivered or dead_lettered")
+            resolution = Resolution(
+                kind=kind, delivery_id=resolution.get("deliveryId") or resolution.get("delivery_id")
+            )
+        res = resolution
+        now = self.clock_ms()
+        rec, _ = await self.transition(cid, lambda r: lifecycle.resolve(r, res.kind, res.delivery_id, now))
+        if res.kind == "delivered":
+            rec = await self.after_resolved_delivered(rec)
+        log.info("continuation %s resolved as %s by operator", cid, res.kind)
+        return status_body(rec)
+
+    async def after_resolved_delivered(self, rec: Continuation) -> Continuation:
+        """History-only commit for an operator-confirmed delivery (overridden by the worker
+        composition; by default nothing is recorded and the receipt says so)."""
+        return rec

@@ -1,0 +1,114 @@
+"""Wire bodies of the HTTP protocol (camelCase JSON). Inputs forbid unknown fields, so a
+request that tries to name a channel, a callback URL or a conversation is rejected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    task_key: str
+    task_hash: str
+    deadline: str
+
+
+class DetachedClaimRequest(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"
+):
+    route: str
+    task_key: str
+    task_hash: str
+    deadline: str
+
+
+class ResultRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    idempotency_key: str
+    payload_hash: str
+    payload: Any
+
+
+class ClaimResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    continuation_id: str
+    result_url: str
+    status_url: str
+    result_token: str
+    expires_at: str
+    fingerprint: str
+
+
+class AttemptsBody(msgspec.Struct, frozen=True, kw_only=True):
+    synthesis: int
+    delivery: int
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+
+class ReceiptBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    kind: str
+    delivered_at: str
+    channel_id: str | None
+    delivery_ids: tuple[str, ...]
+    history_recorded: bool
+    history_error_code: str | None
+
+
+class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    continuation_id: str
+    state: str
+    origin_context: str
+    mode: str
+    kind: str
+    attempts: AttemptsBody
+    last_error: ErrorDetail | None
+    receipt: ReceiptBody | None
+    completion_kind: str | None
+    deferred: bool
+    expires_at: str
+    created_at: str
+    updated_at: str
+    compacted: bool = False
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    error: ErrorDetail
+
+
+class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    continuation_id: str
+    state: str
+    origin_context: str
+    mode: str
+    kind: str
+    server_name: str
+    route: str | None
+    attempts: AttemptsBody
+    last_error: ErrorDetail | None
+    created_at: str
+    updated_at: str
+    compacted: bool
+
+
+class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    items: list[ListItem]
+    next_cursor: str | None
+
+
+class HealthBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    status: str
+    counts: dict[str, int]
+    history_unrecorded: int
+    active: int
+
+
+class ResolveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    kind: str
+    delivery_id: str | None = None
+
+
+class RetryRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    allow_unknown: bool = False
