@@ -1,0 +1,65 @@
+"""``afterword serve``: the service in the foreground until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+
+import anyio
+import msgspec
+
+from .config import Config, OutboxChannel
+from .continuations.model import Continuation
+from .http.server import ServeError
+from .runtime import open_service
+from .worker.channels import OutboxChannel as OutboxAdapter
+
+_line = msgspec.json.Encoder()
+
+
+def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
+    """One structured log line per state change: ids and states only (no token, payload or text)."""
+    event = {
+        "ts": round(time.time(), 3),
+        "event": "continuation",
+        "id": new.id,
+        "from": old.state if old is not None else None,
+        "to": new.state,
+        "origin": new.origin_context,
+        "mode": new.claim.mode,
+        "server": new.claim.server_name,
+        "attempts": {"synthesis": new.attempts.synthesis, "delivery": new.attempts.delivery},
+        "error": new.last_error.code if new.last_error else None,
+    }
+    return _line.encode(event) + b"\n"
+
+
+async def serve(config: Config, outbox: str | None = None) -> int:
+    logging.getLogger("afterword").setLevel(logging.WARNING)
+    channels = None
+    if outbox is not None:
+        channels = {
+            k: OutboxAdapter(outbox) for k, c in config.channels.items() if isinstance(c, OutboxChannel)
+        }
+    try:
+        async with open_service(config, channels=channels or None) as service:
+
+            def log_change(old: Continuation | None, new: Continuation) -> None:
+                if old is None or old.state != new.state or old.origin_context != new.origin_context:
+                    sys.stderr.buffer.write(state_change_line(old, new))
+                    sys.stderr.flush()
+
+            service.on_change.append(log_change)
+            sys.stderr.write(f"afterword serving on {config.base_url} (state {config.state_dir})\n")
+            sys.stderr.flush()
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    sys.stderr.write(f"afterword: {signal.Signals(signum).name}, shutting down\n")
+                    break
+    except ServeError as exc:
+        sys.stderr.write(f"afterword: {exc}\n")
+        return 1
+    sys.stderr.write("afterword: stopped\n")
+    return 0

@@ -1,0 +1,23 @@
+"""Worker loop, synthesizers and channel adapters."""
+
+from .channels import Channel, ChunkDelivery, ChunkReceipt, OutboxChannel, SlackChannel, WebhookChannel
+from .errors import PermanentDeliveryError, RetryableDeliveryError, SynthesisError
+from .loop import Worker
+from .synth import OpenAISynthesizer, SynthesisRequest, Synthesizer, TemplateSynthesizer
+
+__all__ = [
+    "Channel",
+    "ChunkDelivery",
+    "ChunkReceipt",
+    "OpenAISynthesizer",
+    "OutboxChannel",
+    "PermanentDeliveryError",
+    "RetryableDeliveryError",
+    "SlackChannel",
+    "SynthesisError",
+    "SynthesisRequest",
+    "Synthesizer",
+    "TemplateSynthesizer",
+    "WebhookChannel",
+    "Worker",
+]

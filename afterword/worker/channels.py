@@ -1,0 +1,227 @@
+"""Channel adapters: post one chunk natively and return its receipt, or say why not.
+
+Contract of ``post``: return a :class:`ChunkReceipt` only when the channel confirmed the post;
+raise :class:`RetryableDeliveryError` or :class:`PermanentDeliveryError` only when nothing was
+posted. Anything else (a timeout, a dropped connection after sending) is an unknown outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Protocol
+
+import anyio
+import httpx
+import msgspec
+
+from ..disk import Disk, OsDisk
+from .errors import PermanentDeliveryError, RetryableDeliveryError
+
+
+class ChunkDelivery(msgspec.Struct, frozen=True, kw_only=True):
+    delivery_key: str  # stable per continuation and chunk: "<id>:<index>"
+    conversation_id: str
+    chunk_index: int
+    chunk_count: int
+    text: str
+
+
+class ChunkReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    delivery_id: str
+    channel_id: str | None = None
+
+
+class Channel(Protocol):
+    max_chunk_chars: int
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt: ...
+
+
+def split_chunks(text: str, limit: int) -> list[str]:
+    """Split at paragraph, line or word boundaries where possible; never drop characters."""
+    if len(text) <= limit:
+        return [text]
+    chunks: list[str] = []
+    rest = text
+    while len(rest) > limit:
+        window = rest[:limit]
+        cut = max(window.rfind("\n\n"), window.rfind("\n"), window.rfind(" "))
+        if cut <= limit // 2:
+            cut = limit
+        chunks.append(rest[:cut])
+        rest = rest[cut:]
+    if rest:
+        chunks.append(rest)
+    return chunks
+
+
+class OutboxLine(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    delivery_key: str
+    conversation_id: str
+    chunk_index: int
+    chunk_count: int
+    text: str
+    delivered_at: str
+
+
+class OutboxChannel:
+    """The embedded default: one fsynced JSON line per delivered chunk."""
+
+    max_chunk_chars = 4000
+
+    def __init__(self, path: str, *, clock: object = None, disk: Disk | None = None) -> None:
+        self.path = os.path.abspath(path)
+        self._disk = disk or OsDisk()
+        self._lock = threading.Lock()
+        self._encoder = msgspec.json.Encoder()
+
+    def _append(self, line: bytes) -> None:
+        with self._lock:
+            fd = self._disk.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                offset = self._disk.fstat(fd).st_size
+                self._disk.pwrite(fd, line, offset)
+                self._disk.fsync(fd)
+            finally:
+                self._disk.close(fd)
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        from ..continuations.rules import format_ms
+        from ..service import wall_clock_ms
+
+        line = OutboxLine(
+            delivery_key=delivery.delivery_key,
+            conversation_id=delivery.conversation_id,
+            chunk_index=delivery.chunk_index,
+            chunk_count=delivery.chunk_count,
+            text=delivery.text,
+            delivered_at=format_ms(wall_clock_ms()),
+        )
+        data = self._encoder.encode(line) + b"\n"
+        try:
+            await anyio.to_thread.run_sync(self._append, data)
+        except OSError as exc:
+            raise RetryableDeliveryError("outbox_io", f"outbox write failed: {exc.strerror}") from None
+        return ChunkReceipt(delivery_id=delivery.delivery_key, channel_id="outbox")
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+SLACK_PERMANENT = {
+    "channel_not_found",
+    "not_in_channel",
+    "is_archived",
+    "invalid_auth",
+    "not_authed",
+    "account_inactive",
+    "token_revoked",
+    "missing_scope",
+    "restricted_action",
+    "msg_too_long",
+    "no_text",
+    "thread_not_found",
+}
+
+
+class SlackChannel:
+    """chat.postMessage into the bound thread (``slack:<channel>:<thread_ts>``)."""
+
+    max_chunk_chars = 3500
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
+        self._url = base_url.rstrip("/") + "/chat.postMessage"
+        self._token = token
+        self._timeout = timeout_s
+
+    def __repr__(self) -> str:
+        return f"<SlackChannel {self._url}>"
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        parts = delivery.conversation_id.split(":")
+        if len(parts) < 2 or not parts[1]:
+            raise PermanentDeliveryError(
+                "bad_route", "slack conversation ids look like slack:CHANNEL[:THREAD_TS]"
+            )
+        body: dict[str, str] = {"channel": parts[1], "text": delivery.text}
+        if len(parts) > 2 and parts[2]:
+            body["thread_ts"] = parts[2].split("#", 1)[0]
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Content-Type": "application/json; charset=utf-8",
+        }
+        async with httpx.AsyncClient(timeout=self._timeout) as client:
+            try:
+                response = await client.post(self._url, json=body, headers=headers)
+            except httpx.ConnectError:
+                raise RetryableDeliveryError("connect_failed", "could not connect to Slack") from None
+        if response.status_code == 429:
+            raise RetryableDeliveryError(
+                "rate_limited", "Slack rate limited the post", _retry_after(response)
+            )
+        if response.status_code >= 500:
+            raise RetryableDeliveryError(f"http_{response.status_code}", "Slack server error")
+        try:
+            data = response.json()
+        except ValueError:
+            raise RetryableDeliveryError("bad_response", "Slack answered without JSON") from None
+        if data.get("ok") is True and isinstance(data.get("ts"), str):
+            return ChunkReceipt(delivery_id=data["ts"], channel_id=str(data.get("channel") or parts[1]))
+        error = str(data.get("error") or "unknown_error")[:64]
+        if error == "ratelimited":
+            raise RetryableDeliveryError(
+                "rate_limited", "Slack rate limited the post", _retry_after(response)
+            )
+        if error in SLACK_PERMANENT or 400 <= response.status_code < 500:
+            raise PermanentDeliveryError(error, f"Slack refused the post: {error}")
+        raise RetryableDeliveryError(error, f"Slack did not accept the post: {error}")
+
+
+class WebhookChannel:
+    """POST one JSON document per chunk with an ``Idempotency-Key`` header."""
+
+    max_chunk_chars = 16000
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None, *, timeout_s: float = 30.0) -> None:
+        self._url = url
+        self._headers = dict(headers or {})
+        self._timeout = timeout_s
+
+    def __repr__(self) -> str:
+        return "<WebhookChannel>"
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        body = {
+            "deliveryKey": delivery.delivery_key,
+            "conversationId": delivery.conversation_id,
+            "chunkIndex": delivery.chunk_index,
+            "chunkCount": delivery.chunk_count,
+            "text": delivery.text,
+        }
+        headers = {**self._headers, "Idempotency-Key": delivery.delivery_key}
+        async with httpx.AsyncClient(timeout=self._timeout) as client:
+            try:
+                response = await client.post(self._url, json=body, headers=headers)
+            except httpx.ConnectError:
+                raise RetryableDeliveryError("connect_failed", "could not connect to the webhook") from None
+        status = response.status_code
+        if status == 429 or status >= 500 or status == 408:
+            raise RetryableDeliveryError(
+                f"http_{status}", f"webhook answered HTTP {status}", _retry_after(response)
+            )
+        if status >= 400:
+            raise PermanentDeliveryError(f"http_{status}", f"webhook refused the delivery (HTTP {status})")
+        delivery_id = delivery.delivery_key
+        try:
+            data = response.json()
+            if isinstance(data, dict) and isinstance(data.get("id"), str):
+                delivery_id = data["id"]
+        except ValueError:
+            pass
+        return ChunkReceipt(delivery_id=delivery_id, channel_id="webhook")

@@ -1,0 +1,28 @@
+"""Outcomes a channel adapter or synthesizer reports, named by what the caller may do next."""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Base of worker-layer errors."""
+
+
+class RetryableDeliveryError(WorkerError):
+    """Nothing was posted and trying again later may succeed (5xx, 429, connection refused)."""
+
+    def __init__(self, code: str, message: str, retry_after_s: float | None = None) -> None:
+        self.code = code
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class PermanentDeliveryError(WorkerError):
+    """The channel refused this delivery for good (unknown channel, revoked access)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class SynthesisError(WorkerError):
+    """The model call failed; its outcome is treated as ambiguous (never repeated)."""
