@@ -19,6 +19,7 @@ import msgspec
 
 from .config import Config, ConfigError, default_config, load_config
 from .disk import DiskError
+from .legacy import MigrationError
 from .operator import OperatorClient, OperatorError, read_operator_token
 from .store import StoreError, StoreLockedError
 
@@ -270,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"afterword: {exc}", file=sys.stderr)
         return 2
+    except MigrationError as exc:
+        print(f"afterword: {exc}", file=sys.stderr)
+        return 1
     except StoreLockedError as exc:
         print(f"afterword: {exc}", file=sys.stderr)
         return 1

@@ -106,6 +106,9 @@ class Repository:
     def tombstone(self, cid: str) -> Tombstone | None:
         return self._tombs.get(cid)
 
+    def tombstones(self) -> Iterable[Tombstone]:
+        return list(self._tombs.values())
+
     def version(self, cid: str) -> int | None:
         rec = self.store.get(LIVE + cid)
         return rec.lsn if rec is not None else None

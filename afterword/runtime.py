@@ -12,6 +12,7 @@ import anyio
 from .blobs import BlobStore
 from .config import Config, load_config
 from .http.server import HttpServer
+from .legacy import open_state
 from .service import ContinuationService, wall_clock_ms
 from .store import RecordStore
 
@@ -37,12 +38,14 @@ async def open_service(
         config = load_config(config, environ=environ)
     store = RecordStore.open(config.state_dir)
     try:
+        open_state(store, config)  # fence and legacy migration come before any v3 work
         blobs = BlobStore(store.root, store.secret)
         service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
         from .worker.compose import attach_worker  # the worker layer sits above the service
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
         await service.recover()
+        await service.apply_retention()
         async with anyio.create_task_group() as tg:
             http = HttpServer(service)
             if serve_http:

@@ -58,12 +58,22 @@ from .continuations.model import (
     ResultRecord,
     Tombstone,
     canonical_claim,
+    encode,
 )
-from .continuations.rules import check_result, check_task_hash, check_task_key, format_ms, parse_deadline
+from .continuations.retention import SETTLED, RetentionLimits, plan_retention, tombstone_of
+from .continuations.rules import (
+    check_deadline_window,
+    check_result,
+    check_task_hash,
+    check_task_key,
+    format_ms,
+    parse_deadline_format,
+)
 from .continuations.snapshot import build_snapshot, encode_snapshot
 from .host.binding import ClaimCapability, RunBinding
+from .legacy.migrate import Fence
 from .repository import Repository
-from .store import RecordStore, VersionConflict
+from .store import Delete, Put, RecordStore, VersionConflict
 from .store.keys import derive_key
 from .views import list_item, status_body
 from .wire import (
@@ -80,6 +90,7 @@ log = logging.getLogger("afterword.service")
 
 CLAIM_CAPABILITY_TTL_MS = 60 * 60 * 1000
 RECOVERY_BATCH = 100
+RETENTION_BATCH = 200
 ResolutionKind = Literal["delivered", "not_delivered", "dead_lettered"]
 
 
@@ -130,6 +141,7 @@ class ContinuationService:
         self._k_claim_mac = derive_key(secret, "claim-binding")
         self._k_cursor = derive_key(secret, "operator-cursor")
         self.repo = Repository(store)
+        self.fence = Fence(store)
         self.hooks = ServiceHooks()
         self._caps: dict[str, ClaimCapability] = {}
         self._locks: dict[str, anyio.Lock] = {}
@@ -194,6 +206,7 @@ class ContinuationService:
         """Commit new versions (create when old is None) in one transaction, then notify."""
         creates = [new for old, new in pairs if old is None]
         updates = [new for old, new in pairs if old is not None]
+        self.fence.ensure()  # before the first native v3 record becomes durable
         expect: dict[str, int | None] = {}
         for rec in creates:
             expect["c/" + rec.id] = None
@@ -249,7 +262,8 @@ class ContinuationService:
                 diff = self._claim_difference(existing.claim, claim)
                 if diff is not None:
                     raise Conflict(f"this task key was already claimed with a different {diff}")
-                return self._claim_response(existing)
+                return self._claim_response(existing)  # a repeat: idempotent even past the window
+            check_deadline_window(claim.deadline_ms, self.clock_ms())
             limits = self.config.limits
             if self.repo.active_total + self.admitting_total >= limits.max_active_records:
                 raise AdmissionLimit("too many active continuations")
@@ -288,7 +302,7 @@ class ContinuationService:
         try:
             check_task_key(req.task_key)
             check_task_hash(req.task_hash)
-            deadline = parse_deadline(req.deadline, now)
+            deadline = parse_deadline_format(req.deadline)
             cid = continuation_id(self._k_ids, "interactive", cap.server_name, req.task_key)
             claim = Claim(
                 id=cid,
@@ -329,7 +343,7 @@ class ContinuationService:
         now = self.clock_ms()
         check_task_key(req.task_key)
         check_task_hash(req.task_hash)
-        deadline = parse_deadline(req.deadline, now)
+        deadline = parse_deadline_format(req.deadline)
         mode: Mode = route.mode
         claim = Claim(
             id=continuation_id(self._k_ids, "detached", service_name, req.task_key),
@@ -531,6 +545,60 @@ class ContinuationService:
         if changes:
             log.info("recovery changed %d continuation(s)", len(changes))
         return len(changes)
+
+    # -- retention ---------------------------------------------------------------------------
+    def retention_limits(self) -> RetentionLimits:
+        r = self.config.retention
+        return RetentionLimits(
+            terminal_max_records=r.terminal_max_records,
+            terminal_max_age_ms=r.terminal_max_age_ms,
+            captured_text_max_records=r.captured_text_max_records,
+            captured_text_max_age_ms=r.captured_text_max_age_ms,
+        )
+
+    async def apply_retention(self) -> tuple[int, int, int]:
+        """Compact settled records, drop expired tombstones, sweep unreferenced blobs.
+
+        Applied in bounded batches, each one transaction, so a crash leaves a prefix of the
+        plan done and the next pass finishes it. Returns (compacted, dropped, blobs swept).
+        """
+        plan = plan_retention(
+            self.repo.live(), self.repo.tombstones(), self.clock_ms(), self.retention_limits()
+        )
+        dropped_set = set(plan.drop)
+        compacted = dropped = 0
+        for i in range(0, len(plan.compact), RETENTION_BATCH):
+            batch = plan.compact[i : i + RETENTION_BATCH]
+            async with self._locked(batch):
+                mutations: list[Any] = []
+                expect: dict[str, int | None] = {}
+                for cid in batch:
+                    rec = self.repo.get(cid)
+                    if rec is None or rec.state not in SETTLED:
+                        continue  # changed since planning: judged again next pass
+                    mutations.append(Delete("c/" + cid))
+                    expect["c/" + cid] = self.repo.version(cid)
+                    if cid not in dropped_set:
+                        mutations.append(Put("t/" + cid, encode(tombstone_of(rec))))
+                if mutations:
+                    await self.store.transact(mutations, expect=expect)
+                    compacted += sum(1 for m in mutations if isinstance(m, Delete))
+        for i in range(0, len(plan.drop), RETENTION_BATCH):
+            batch = [
+                cid for cid in plan.drop[i : i + RETENTION_BATCH] if self.repo.tombstone(cid) is not None
+            ]
+            if batch:
+                await self.store.transact([Delete("t/" + cid) for cid in batch])
+                dropped += len(batch)
+        swept = self.blobs.sweep(self.store.referenced_blobs())  # on the loop: puts happen here too
+        if compacted or dropped or swept:
+            log.info(
+                "retention: %d compacted, %d tombstones dropped, %d blobs swept",
+                compacted,
+                dropped,
+                len(swept),
+            )
+        return compacted, dropped, len(swept)
 
     # -- operator ----------------------------------------------------------------------------
     def continuation_health(self) -> HealthBody:

@@ -127,6 +127,8 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     updated_at_ms: int = 0
     terminal_at_ms: int | None = None
     legacy: bool = False
+    legacy_id: str | None = None
+    history_boundary: int | None = None
 
     @property
     def id(self) -> str:

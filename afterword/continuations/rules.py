@@ -13,14 +13,27 @@ from .errors import InvalidRequest, TooLarge
 MAX_DEADLINE_MS = 30 * 24 * 3600 * 1000
 MAX_RESULT_BODY = 256 * 1024
 MAX_CLAIM_BODY = 16 * 1024
-_TASK_KEY_RE = re.compile(r"^[\x21-\x7e]{1,256}$")
-_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+# fullmatch, not match with "$": "$" also matches before a trailing newline.
+_TASK_KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
+_HASH_RE = re.compile(r"[0-9a-f]{64}")
+# RFC 3339 date-time in UTC. datetime.fromisoformat alone also takes ISO 8601 forms RFC 3339
+# does not allow (basic format, week dates, missing seconds, comma fractions).
+_RFC3339_UTC = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|\+00:00)"
+)
 _json_sorted = msgspec.json.Encoder(order="sorted")
 
 
 def parse_deadline(value: str, now_ms: int) -> int:
     """RFC 3339 in UTC, in the future, at most 30 days away; returns epoch ms."""
-    if not isinstance(value, str) or not value.endswith(("Z", "+00:00")) or "T" not in value:
+    ms = parse_deadline_format(value)
+    check_deadline_window(ms, now_ms)
+    return ms
+
+
+def parse_deadline_format(value: str) -> int:
+    """RFC 3339 in UTC; returns epoch ms (no check against the clock)."""
+    if not isinstance(value, str) or not _RFC3339_UTC.fullmatch(value):
         raise InvalidRequest("deadline must be an RFC 3339 UTC timestamp like 2030-01-02T03:04:05.000Z")
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -28,12 +41,15 @@ def parse_deadline(value: str, now_ms: int) -> int:
         raise InvalidRequest("deadline is not a valid RFC 3339 timestamp") from None
     if parsed.tzinfo is None or parsed.utcoffset() != UTC.utcoffset(None):
         raise InvalidRequest("deadline must be in UTC")
-    ms = int(parsed.timestamp() * 1000)
+    return int(parsed.timestamp() * 1000)
+
+
+def check_deadline_window(ms: int, now_ms: int) -> None:
+    """A new claim's deadline must be in the future and at most 30 days away."""
     if ms <= now_ms:
         raise InvalidRequest("deadline must be in the future")
     if ms - now_ms > MAX_DEADLINE_MS:
         raise InvalidRequest("deadline must be at most 30 days away")
-    return ms
 
 
 def format_ms(ms: int) -> str:
@@ -42,7 +58,7 @@ def format_ms(ms: int) -> str:
 
 
 def check_task_key(value: str, field: str = "taskKey") -> None:
-    if not isinstance(value, str) or not _TASK_KEY_RE.match(value):
+    if not isinstance(value, str) or not _TASK_KEY_RE.fullmatch(value):
         raise InvalidRequest(f"{field} must be 1-256 printable ASCII characters without spaces")
 
 
@@ -64,7 +80,7 @@ def check_result(idempotency_key: str, claimed_hash: str, payload: object, body_
     if body_len > MAX_RESULT_BODY:
         raise TooLarge(f"result body exceeds {MAX_RESULT_BODY} bytes")
     check_task_key(idempotency_key, "idempotencyKey")
-    if not isinstance(claimed_hash, str) or not _HASH_RE.match(claimed_hash):
+    if not isinstance(claimed_hash, str) or not _HASH_RE.fullmatch(claimed_hash):
         raise InvalidRequest("payloadHash must be 64 lowercase hex characters")
     canonical = canonical_payload(payload)
     if hashlib.sha256(canonical).hexdigest() != claimed_hash:

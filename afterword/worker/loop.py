@@ -34,6 +34,7 @@ from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messag
 
 log = logging.getLogger("afterword.worker")
 SCAN_INTERVAL_S = 1.0
+RETENTION_INTERVAL_S = 60.0
 DRAIN_SECONDS = 10.0
 _json = msgspec.json.Decoder()
 
@@ -67,6 +68,8 @@ class Worker:
         self._stopping = False
         self._stopped = anyio.Event()
         self._tg: TaskGroup | None = None
+        self._retention_running = False
+        self.retention_interval_s = RETENTION_INTERVAL_S
         service.on_change.append(self._on_change)
 
     # -- scheduling --------------------------------------------------------------------------
@@ -114,7 +117,11 @@ class Worker:
             self._tg = tg
             task_status.started()
             last_scan = 0.0
+            last_retention = anyio.current_time()
             while not self._stopping:
+                if anyio.current_time() - last_retention >= self.retention_interval_s:
+                    last_retention = anyio.current_time()
+                    tg.start_soon(self._retention)
                 self.service.work_available = anyio.Event()
                 now = anyio.current_time()
                 full = now - last_scan >= SCAN_INTERVAL_S
@@ -128,6 +135,17 @@ class Worker:
                     await anyio.sleep(0.02)
             tg.cancel_scope.cancel()
         self._stopped.set()
+
+    async def _retention(self) -> None:
+        if self._retention_running:
+            return
+        self._retention_running = True
+        try:
+            await self.service.apply_retention()
+        except (ContinuationError, VersionConflict, DiskError) as exc:
+            log.warning("retention pass failed: %s", type(exc).__name__)
+        finally:
+            self._retention_running = False
 
     async def stop(self) -> None:
         """Stop taking work, let in-flight work finish within the drain bound."""

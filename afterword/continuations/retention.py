@@ -1,0 +1,83 @@
+"""Retention planning (pure): which terminal records to compact and which tombstones to drop.
+
+Rules:
+
+1. Settled outcomes (delivered, expired, cancelled) are compacted into tombstones, which
+   keep the claim identity, the accepted result's idempotency key and hash, the receipt and
+   the outcome, and drop payload, text and the snapshot reference.
+2. A delivered capture keeps its text while it is among the newest
+   ``captured_text_max_records`` captures and younger than ``captured_text_max_age_ms``.
+3. Outcomes that still need an operator (dead_lettered, delivery_unknown) are never
+   compacted or dropped by retention.
+4. Tombstones are kept while among the newest ``terminal_max_records`` and younger than
+   ``terminal_max_age_ms``; older ones are deleted, ending their idempotency window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .model import Continuation, Tombstone
+
+SETTLED = frozenset({"delivered", "expired", "cancelled"})
+
+
+@dataclass(frozen=True)
+class RetentionLimits:
+    terminal_max_records: int
+    terminal_max_age_ms: int
+    captured_text_max_records: int
+    captured_text_max_age_ms: int
+
+
+@dataclass
+class RetentionPlan:
+    compact: list[str] = field(default_factory=list)  # live ids -> tombstones
+    drop: list[str] = field(default_factory=list)  # tombstone ids -> deleted
+
+    def __bool__(self) -> bool:
+        return bool(self.compact or self.drop)
+
+
+def tombstone_of(rec: Continuation) -> Tombstone:
+    terminal_at = rec.terminal_at_ms if rec.terminal_at_ms is not None else rec.updated_at_ms
+    return Tombstone(
+        claim=rec.claim,
+        claim_mac=rec.claim_mac,
+        state=rec.state,
+        idempotency_key=rec.result.idempotency_key if rec.result else None,
+        payload_hash=rec.result.payload_hash if rec.result else None,
+        completion_kind=rec.completion_kind,
+        receipt=rec.receipt,
+        terminal_at_ms=terminal_at,
+        last_error=rec.last_error,
+    )
+
+
+def plan_retention(
+    live: Iterable[Continuation], tombs: Iterable[Tombstone], now_ms: int, limits: RetentionLimits
+) -> RetentionPlan:
+    plan = RetentionPlan()
+    captures: list[Continuation] = []
+    settled_now: list[Tombstone] = []
+    for rec in live:
+        if rec.state not in SETTLED:
+            continue
+        if rec.claim.mode == "capture" and rec.state == "delivered" and rec.text is not None:
+            captures.append(rec)
+            continue
+        plan.compact.append(rec.id)
+        settled_now.append(tombstone_of(rec))
+    captures.sort(key=lambda r: (r.terminal_at_ms or 0, r.id), reverse=True)
+    for index, rec in enumerate(captures):
+        age = now_ms - (rec.terminal_at_ms or rec.updated_at_ms)
+        if index >= limits.captured_text_max_records or age > limits.captured_text_max_age_ms:
+            plan.compact.append(rec.id)
+            settled_now.append(tombstone_of(rec))
+    all_tombs = [*tombs, *settled_now]
+    all_tombs.sort(key=lambda t: (t.terminal_at_ms, t.claim.id), reverse=True)
+    for index, tomb in enumerate(all_tombs):
+        if index >= limits.terminal_max_records or now_ms - tomb.terminal_at_ms > limits.terminal_max_age_ms:
+            plan.drop.append(tomb.claim.id)
+    return plan

@@ -1,0 +1,179 @@
+"""Opening a state directory: the v3 rollback fence and the migration of v1/v2 state.
+
+Phases (each durable before the next begins):
+
+1. Read and normalize every legacy record fail-closed (owner-only, identity-stable
+   descriptors; 256 MiB monolith ceiling; 2 MiB per normalized record) and preflight the
+   configured retention on the in-memory result. Any problem raises ``MigrationError`` and
+   nothing has been written.
+2. Fence: create ``records-v2/`` if absent, fsync its parent, write and fsync the guard,
+   fsync ``records-v2/``.
+3. Commit normalized records in bounded batches (each one transaction; re-running a batch
+   writes the same bytes, so a crash between batches repeats the same merge).
+4. Completion: the manifest records the migration and requires the guard. Only then does
+   ordinary v3 work (recovery, activation, retention) run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import Config
+from ..continuations.model import Continuation, encode
+from ..continuations.retention import RetentionLimits, plan_retention, tombstone_of
+from ..disk import StateRoot
+from ..repository import LIVE, TOMB
+from ..store import MAX_RECORD_BYTES, Put, RecordStore
+from ..store.keys import derive_key
+from .formats import (
+    GUARD,
+    GUARD_PATH,
+    GUARD_TEXT,
+    V1_FILE,
+    V2_DIR,
+    MigrationError,
+    has_evidence,
+    has_v1,
+    read_v1,
+    read_v2,
+    v2_names,
+)
+from .normalize import merge, normalize
+
+BATCH = 100
+Hook = Callable[[str], None]
+
+
+@dataclass
+class MigrationReport:
+    migrated: int = 0
+    source: str = ""
+    fence_installed: bool = False
+    batches: int = 0
+
+
+def guard_present(root: StateRoot) -> bool:
+    return root.exists(GUARD_PATH)
+
+
+def install_fence(root: StateRoot) -> None:
+    """records-v2/ + fsync parent + guard written and fsynced + fsync records-v2/."""
+    if not root.exists(V2_DIR):
+        root.ensure_dir(V2_DIR)  # fsyncs the parent after mkdir
+    root.sync_dir("")
+    if not root.exists(GUARD_PATH):
+        root.write_atomic(GUARD_PATH, GUARD_TEXT, sync_dir=False)
+    root.sync_dir(V2_DIR)
+
+
+def v3_continuations(store: RecordStore) -> int:
+    return sum(1 for _ in store.items(LIVE)) + sum(1 for _ in store.items(TOMB))
+
+
+def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) -> MigrationReport:
+    """Apply the fence/migration rules to a freshly opened store (before any v3 work)."""
+    root = store.root
+    step = hook or (lambda _name: None)
+    report = MigrationReport()
+    manifest = store.manifest
+    complete = manifest.meta.get("migration") == "complete"
+    have_v3 = v3_continuations(store) > 0
+    if manifest.guard_required and not guard_present(root):
+        if have_v3:
+            raise MigrationError(
+                f"{root.path(GUARD_PATH)}: rollback guard missing while v3 records exist; "
+                "an older runtime may have written records-v2/ since. Restore the complete "
+                "pre-upgrade state directory instead of removing the guard"
+            )
+        complete = False  # rollback window: v3 is empty, migrate whatever 0.10 left
+    if complete or not has_evidence(root):
+        return report
+    if have_v3 and not (manifest.guard_required or guard_present(root)):
+        raise MigrationError(f"{root.root}: legacy state beside unfenced v3 records; refusing to merge")
+
+    # Phase 1: read, normalize and preflight; nothing written yet.
+    ids_key = derive_key(store.secret, "continuation-ids")
+    mac_key = derive_key(store.secret, "claim-binding")
+    legacy = []
+    sources = []
+    if has_v1(root):
+        legacy += read_v1(root)
+        sources.append("v1")
+    if v2_names(root):
+        legacy += read_v2(root)
+        sources.append("v2")
+    normalized = merge([normalize(rec, ids_key=ids_key, mac_key=mac_key) for rec in legacy])
+    r = config.retention
+    plan_retention(
+        normalized.values(),
+        (),
+        max((c.updated_at_ms for c in normalized.values()), default=0),
+        RetentionLimits(
+            r.terminal_max_records,
+            r.terminal_max_age_ms,
+            r.captured_text_max_records,
+            r.captured_text_max_age_ms,
+        ),
+    )
+    step("preflighted")
+
+    # Phase 2: the fence, before anything legacy becomes v3 state.
+    install_fence(root)
+    report.fence_installed = True
+    step("fenced")
+
+    # Phase 3: bounded, idempotent batches.
+    items = sorted(normalized.values(), key=lambda c: c.id)
+    for i in range(0, len(items), BATCH):
+        batch = items[i : i + BATCH]
+        store.transact_sync([Put(LIVE + c.id, encode(c)) for c in batch])
+        report.batches += 1
+        step(f"batch-{report.batches}")
+
+    # Phase 4: completion closes the rollback window.
+    step("before-manifest")
+    meta = dict(store.manifest.meta)
+    meta.update({"migration": "complete", "migrated": str(len(items)), "migratedFrom": "+".join(sources)})
+    store.update_manifest_meta(meta, guard_required=True)
+    step("after-manifest")
+    report.migrated = len(items)
+    report.source = "+".join(sources)
+    return report
+
+
+def preflight_retention(normalized: dict[str, Continuation], config: Config) -> None:
+    """Run the configured retention on a copy and size-check what it would write.
+
+    Retention never shrinks an oversized migration: every normalized record was already
+    checked against the per-record limit; this checks the tombstones retention would create.
+    """
+    r = config.retention
+    now = max((c.updated_at_ms for c in normalized.values()), default=0)
+    limits = RetentionLimits(
+        r.terminal_max_records, r.terminal_max_age_ms, r.captured_text_max_records, r.captured_text_max_age_ms
+    )
+    plan = plan_retention(normalized.values(), (), now, limits)
+    for cid in plan.compact:
+        size = len(encode(tombstone_of(normalized[cid])))
+        if size > MAX_RECORD_BYTES:
+            raise MigrationError(f"legacy record {cid}: its tombstone of {size} bytes exceeds the v3 limit")
+
+
+class Fence:
+    """Installs the rollback fence before the first native v3 record becomes durable."""
+
+    def __init__(self, store: RecordStore) -> None:
+        self.store = store
+        self.ready = store.manifest.guard_required and guard_present(store.root)
+
+    def ensure(self) -> None:
+        if self.ready:
+            return
+        install_fence(self.store.root)
+        if not self.store.manifest.guard_required:
+            self.store.update_manifest_meta(self.store.manifest.meta, guard_required=True)
+        self.ready = True
+
+
+__all__ = ["GUARD", "V1_FILE", "Fence", "MigrationError", "MigrationReport", "install_fence", "open_state"]

@@ -1,0 +1,267 @@
+"""Legacy v1/v2 migration into per-record-v3, the fence and the rollback guard."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import afterword
+from _legacy import GuardRefused, V010Runtime, fixture_records, interactive, record, write_v1, write_v2
+from _service import ENV, load, outbox_lines, write_config
+from afterword.continuations import FALLBACK_TEXT
+from afterword.continuations.model import decode_continuation
+from afterword.legacy import MigrationError, open_state
+from afterword.store import RecordStore
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def setup(tmp_path: Path, **cont: Any) -> tuple[afterword.Config, Path]:
+    config = load(write_config(tmp_path, continuations=cont or None))
+    return config, Path(config.state_dir)
+
+
+def migrate(config: afterword.Config, hook: Any = None) -> dict[str, Any]:
+    store = RecordStore.open(config.state_dir)
+    try:
+        open_state(store, config, hook=hook)
+        return {r.key: decode_continuation(r.value) for r in store.items("c/")}
+    finally:
+        store.close()
+
+
+def by_legacy(records: dict[str, Any]) -> dict[str, Any]:
+    return {r.legacy_id: r for r in records.values()}
+
+
+def test_new_store_has_no_records_v2_until_first_native_record(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+
+    async def run() -> None:
+        async with afterword.open_service(config, environ=ENV, serve_http=False) as service:
+            assert not (state / "records-v2").exists()
+            from _service import DETACHED_TOKEN, deadline
+            from afterword.wire import DetachedClaimRequest
+
+            await service.detached_claim(
+                "work-control",
+                DETACHED_TOKEN,
+                DetachedClaimRequest(route="daily-attention", task_key="t", task_hash="h", deadline=deadline()),
+            )
+            assert (state / "records-v2" / "ROLLBACK-GUARD").exists()
+            assert service.store.manifest.guard_required
+
+    anyio.run(run)
+    with pytest.raises(GuardRefused):
+        V010Runtime(state)
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2", "both"])
+def test_migrates_each_state(tmp_path: Path, layout: str) -> None:
+    config, state = setup(tmp_path)
+    recs = fixture_records()
+    if layout in ("v1", "both"):
+        write_v1(state, recs)
+    if layout in ("v2", "both"):
+        write_v2(state, recs)
+    migrated = by_legacy(migrate(config))
+    assert set(migrated) == {r["id"] for r in recs}
+    assert migrated["r-pending"].state == "claimed"
+    assert migrated["r-received"].state == "result_received" and migrated["r-received"].result is not None
+    assert migrated["r-delivered"].state == "delivered" and migrated["r-delivered"].receipt.delivery_ids == ("1700000000.1",)
+    assert migrated["r-dead"].state == "dead_lettered" and migrated["r-dead"].last_error.message == "permanent refusal"
+    inter = migrated["r-interactive"]
+    assert inter.origin_context == "legacy_missing" and inter.history_boundary == 12
+    assert inter.claim.conversation_id == "slack:C1:T1#2026-10-31"
+    assert migrated["r-pending"].origin_context == "detached_latest"
+    assert all(r.legacy for r in migrated.values())
+    assert (state / "records-v2" / "ROLLBACK-GUARD").exists()
+    store = RecordStore.open(config.state_dir)
+    try:
+        assert store.manifest.guard_required and store.manifest.meta["migration"] == "complete"
+    finally:
+        store.close()
+    # legacy files are kept for audit; a second open changes nothing
+    assert migrate(config) == {k: v for k, v in migrate(config).items()}
+
+
+STEPS = ["preflighted", "fenced", "batch-1", "batch-2", "before-manifest", "after-manifest"]
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_crash_at_every_step_converges(tmp_path: Path, step: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import afterword.legacy.migrate as mig
+
+    monkeypatch.setattr(mig, "BATCH", 3)  # five records -> two batches
+    reference_dir = tmp_path / "ref"
+    reference_dir.mkdir()
+    crash_dir = tmp_path / "crash"
+    crash_dir.mkdir()
+    ref_config, ref_state = setup(reference_dir)
+    config, state = setup(crash_dir)
+    for s in (ref_state, state):
+        write_v1(s, fixture_records()[:3])
+        write_v2(s, fixture_records()[2:])
+    expected = migrate(ref_config)
+
+    def hook(name: str) -> None:
+        if name == step:
+            raise Crash(name)
+
+    with pytest.raises(Crash):
+        migrate(config, hook)
+    if step == "preflighted":
+        assert not (state / "records-v2" / "ROLLBACK-GUARD").exists()
+    recovered = migrate(config)
+    # ids are keyed by each store's own secret; compare by legacy id and content
+    def strip(recs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            r.legacy_id: (r.state, r.origin_context, r.result, r.text, r.receipt, r.claim.task_key, r.claim.mode)
+            for r in recs.values()
+        }
+
+    assert strip(recovered) == strip(expected)
+    assert (state / "records-v2" / "ROLLBACK-GUARD").exists()
+
+
+def _nothing_published(state: Path, config: afterword.Config) -> None:
+    assert not (state / "records-v2").exists()
+    store = RecordStore.open(config.state_dir)
+    try:
+        assert list(store.items("c/")) == [] and not store.manifest.guard_required
+    finally:
+        store.close()
+
+
+def test_oversized_monolith_fails_closed(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+    path = write_v1(state, fixture_records())
+    with open(path, "r+b") as f:
+        f.truncate(256 * 1024 * 1024 + 1)  # sparse: the size check must refuse before reading
+    with pytest.raises(MigrationError, match=r"continuations.json: too_large"):
+        migrate(config)
+    _nothing_published(state, config)
+
+
+def test_oversized_record_fails_closed(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+    write_v1(state, [record("big", "delivered", text="x" * (2 * 1024 * 1024 + 10))])
+    with pytest.raises(MigrationError, match="exceeds the v3 per-record limit"):
+        migrate(config)
+    _nothing_published(state, config)
+
+
+def test_symlinked_monolith_fails_closed(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+    real = write_v1(state, fixture_records())
+    target = tmp_path / "elsewhere.json"
+    real.rename(target)
+    os.symlink(target, state / "continuations.json")
+    with pytest.raises(MigrationError, match=r"continuations.json: symlink"):
+        migrate(config)
+    _nothing_published(state, config)
+
+
+def test_permissive_monolith_fails_closed(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+    path = write_v1(state, fixture_records())
+    os.chmod(path, 0o644)
+    with pytest.raises(MigrationError, match=r"continuations.json: permissive_mode"):
+        migrate(config)
+    _nothing_published(state, config)
+
+
+def test_rollback_window_and_guard(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+    write_v2(state, [record("a", "claimed")])
+
+    def crash_after_fence(name: str) -> None:
+        if name == "fenced":
+            raise Crash(name)
+
+    with pytest.raises(Crash):
+        migrate(config, crash_after_fence)
+    # v3 is still empty: an operator may remove the guard and run 0.10 once more
+    (state / "records-v2" / "ROLLBACK-GUARD").unlink()
+    old = V010Runtime(state)
+    old.write(record("b", "result_received"))
+    migrated = by_legacy(migrate(config))
+    assert set(migrated) == {"a", "b"}
+    assert (state / "records-v2" / "ROLLBACK-GUARD").exists()
+    with pytest.raises(GuardRefused):
+        V010Runtime(state)
+    # with v3 records present, removing the guard makes the current runtime fail closed
+    (state / "records-v2" / "ROLLBACK-GUARD").unlink()
+    with pytest.raises(MigrationError, match="rollback guard missing while v3 records exist"):
+        migrate(config)
+
+
+def test_legacy_missing_delivered_with_fallback_and_no_model_call(tmp_path: Path) -> None:
+    config, state = setup(tmp_path)
+    write_v1(state, [interactive("old-1")])
+    calls: list[Any] = []
+
+    class Recording:
+        async def synthesize(self, request: Any) -> str:
+            calls.append(request)
+            return "should not be used"
+
+    async def run() -> None:
+        async with afterword.open_service(config, environ=ENV, serve_http=False, synthesizer=Recording()) as service:
+            with anyio.fail_after(10):
+                while True:
+                    recs = list(service.repo.live())
+                    if recs and recs[0].state == "delivered":
+                        break
+                    await anyio.sleep(0.02)
+            rec = recs[0]
+            assert rec.completion_kind == "origin_context_unavailable" and rec.text == FALLBACK_TEXT
+
+    anyio.run(run)
+    assert calls == []
+    lines = outbox_lines(config)
+    assert [line["text"] for line in lines] == [FALLBACK_TEXT]
+    assert lines[0]["conversationId"] == "slack:C1:T1"
+
+
+def test_terminal_legacy_records_answer_repeated_claims_and_results(tmp_path: Path) -> None:
+    import httpx
+
+    from _service import DETACHED_TOKEN, payload_hash
+
+    config, state = setup(tmp_path)
+    write_v1(state, [record("done", "delivered")])
+
+    async def run() -> None:
+        async with afterword.open_service(config, environ=ENV) as service, httpx.AsyncClient() as client:
+            r = await client.post(
+                service.base_url + "/v1/continuations/detached/claim",
+                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
+                json={"route": "daily-attention", "taskKey": "task-done", "taskHash": "hash-done", "deadline": "2030-01-02T03:04:05.000Z"},
+            )
+            assert r.status_code == 200, r.text
+            claim = r.json()
+            payload = {"summary": "result of done"}
+            body = {"idempotencyKey": "key-done", "payloadHash": payload_hash(payload), "payload": payload}
+            auth = {"Authorization": "Bearer " + claim["resultToken"]}
+            again = await client.put(claim["resultUrl"], headers=auth, json=body)
+            assert again.status_code == 200 and again.json()["state"] == "delivered"
+            other = {"summary": "different"}
+            body2 = {"idempotencyKey": "key-done", "payloadHash": payload_hash(other), "payload": other}
+            assert (await client.put(claim["resultUrl"], headers=auth, json=body2)).status_code == 409
+            conflict = await client.post(
+                service.base_url + "/v1/continuations/detached/claim",
+                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
+                json={"route": "daily-attention", "taskKey": "task-done", "taskHash": "other", "deadline": "2030-01-02T03:04:05.000Z"},
+            )
+            assert conflict.status_code == 409
+
+    anyio.run(run)
