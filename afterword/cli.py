@@ -33,12 +33,12 @@ class CliError(Exception):
         super().__init__(message)
 
 
-def resolve_config(path: str | None) -> Config:
+def resolve_config(path: str | None, *, check_secrets: bool = True) -> Config:
     """``--config PATH``; else ./afterword.json if present; else the documented defaults."""
     if path is not None:
-        return load_config(path)
+        return load_config(path, check_secrets=check_secrets)
     if Path("afterword.json").is_file():
-        return load_config("afterword.json")
+        return load_config("afterword.json", check_secrets=check_secrets)
     return default_config(os.getcwd())
 
 
@@ -56,7 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # -- continuations (operator) -------------------------------------------------------------------
 def _client(args: argparse.Namespace) -> tuple[Config, OperatorClient]:
-    config = resolve_config(args.config)
+    config = resolve_config(args.config, check_secrets=False)
     try:
         token = read_operator_token(config)
     except (DiskError, OSError) as exc:

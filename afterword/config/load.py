@@ -550,8 +550,12 @@ def config_from_mapping(
     *,
     environ: Mapping[str, str] | None = None,
     config_path: str | None = None,
+    check_secrets: bool = True,
 ) -> Config:
     """Validate an already-decoded config document; relative paths resolve against ``base_dir``.
+
+    ``check_secrets=False`` skips checking that credential variables are set (the operator
+    CLI needs the host, port and state directory, never a detached-service token).
 
     Raises:
         ConfigError: the first invalid value, by JSON path.
@@ -574,7 +578,7 @@ def config_from_mapping(
     retention = Retention(**_positive_ints(block.retention, "continuations.retention", file))
     named_routes = _named_routes(block.named_routes, file)
     # A disabled service never authenticates detached callers, so their tokens need not be set.
-    detached = _detached_services(block.detached_services, env, enabled, file)
+    detached = _detached_services(block.detached_services, env, enabled and check_secrets, file)
     synthesis = _synthesis(block.synthesis, file)
     channels = _channels(block.channels, config_dir, file)
     mcp_config_path, mcp_servers, selected = _mcp(raw.tools, config_dir, file)
@@ -608,7 +612,9 @@ def config_from_mapping(
     return config
 
 
-def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
+def load_config(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None, check_secrets: bool = True
+) -> Config:
     """Read and validate the JSON config at ``path``; relative paths resolve beside it.
 
     Raises:
@@ -616,7 +622,9 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     """
     file = os.path.abspath(os.fspath(path))
     document = _read_json(file, "$", "config file", file)
-    return config_from_mapping(document, os.path.dirname(file), environ=environ, config_path=file)
+    return config_from_mapping(
+        document, os.path.dirname(file), environ=environ, config_path=file, check_secrets=check_secrets
+    )
 
 
 def default_config(base_dir: str, *, environ: Mapping[str, str] | None = None) -> Config:
