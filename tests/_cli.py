@@ -105,11 +105,16 @@ def env() -> dict[str, str]:
     return e
 
 
-def run_cli(*args: str, config: Path | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, config: Path | None = None, timeout: float = 30, without_tokens: bool = False
+) -> subprocess.CompletedProcess[str]:
     argv = [*CLI, *args]
     if config is not None:
         argv += ["--config", str(config)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env())
+    e = env()
+    if without_tokens:
+        e.pop("AFTERWORD_TEST_DETACHED_TOKEN", None)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=e)
 
 
 def run_printed(command: str) -> subprocess.CompletedProcess[str]:

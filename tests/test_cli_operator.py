@@ -216,6 +216,15 @@ def test_config_error_and_locked_state(tmp_path: Path, hook: FakeWebhook) -> Non
         assert done.returncode == 1 and "owned by another process" in done.stderr
 
 
+def test_operator_cli_needs_no_detached_token(tmp_path: Path, hook: FakeWebhook) -> None:
+    config = write_operator_config(tmp_path, hook.url)
+    with served(config):
+        done = run_cli("continuations", "health", config=config, without_tokens=True)
+        assert done.returncode == 0 and done.stdout.startswith("healthy")
+    done = run_cli("serve", config=config, without_tokens=True)
+    assert done.returncode == 2 and "AFTERWORD_TEST_DETACHED_TOKEN is not set" in done.stderr
+
+
 def test_sigterm_drains_in_flight_delivery(tmp_path: Path) -> None:
     slow = FakeWebhook(hang_s=2.0)
     try:
