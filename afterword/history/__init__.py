@@ -1,0 +1,23 @@
+"""Durable conversation history: messages, tool-call pairing, a bounded WAL-backed store."""
+
+from .durable import DurableHistory, StoredMessage, conversation_digest
+from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
+from .message import Message, MetaValue, Role
+from .pairing import open_tool_calls, pairing_closed
+from .protocol import ConversationHistory
+
+__all__ = [
+    "ConversationHistory",
+    "DurableHistory",
+    "HistoryCorruptError",
+    "HistoryError",
+    "InvalidMessageError",
+    "Message",
+    "MessageTooLargeError",
+    "MetaValue",
+    "Role",
+    "StoredMessage",
+    "conversation_digest",
+    "open_tool_calls",
+    "pairing_closed",
+]

@@ -1,0 +1,25 @@
+"""Errors of the conversation history. Each says whose fault it is.
+
+* ``InvalidMessageError`` - the caller handed in a malformed message or batch.
+* ``MessageTooLargeError`` - a message or batch exceeds the store's bounds (the caller's fault).
+* ``HistoryCorruptError`` - a stored history record is unreadable or names another
+  conversation than its key implies (the state on disk's fault; fail closed).
+"""
+
+from __future__ import annotations
+
+
+class HistoryError(Exception):
+    """Base of every error raised by ``afterword.history``."""
+
+
+class InvalidMessageError(HistoryError, ValueError):
+    """A message or batch breaks the history's rules."""
+
+
+class MessageTooLargeError(HistoryError):
+    """A message or batch does not fit the record store's per-record or per-commit bound."""
+
+
+class HistoryCorruptError(HistoryError):
+    """Stored history cannot be trusted: undecodable, or a key collision between conversations."""

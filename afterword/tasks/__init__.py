@@ -1,0 +1,74 @@
+"""Background task journal: process completion, notification delivery and model consumption
+kept as three separate durable facts (spec: task-notifications)."""
+
+from .compaction import Compaction
+from .coordinator import ExecutionCoordinator, WakeResult
+from .core import (
+    HANDOFF_KIND,
+    NOTIFICATION_KIND,
+    Decision,
+    Outcome,
+    blockers,
+    continuation_decision,
+    eligible,
+    event_id_for,
+    handoff_references,
+    notification_id_for,
+)
+from .errors import InvalidTransition, SupervisorError, TaskError, TaskJournalCorrupt, UnknownTaskError
+from .journal import TaskJournal
+from .notifications import FaultHook, TaskNotifications
+from .records import (
+    TERMINAL_STATES,
+    GoalState,
+    NotifyPolicy,
+    SessionControl,
+    TaskRecord,
+    TaskReference,
+    TaskState,
+)
+from .render import NotificationBody, OutputExcerpt, parse_notification, render_notification
+from .supervisor import ProcessSupervisor
+from .toolcalls import ToolCallProcessor
+from .turns import ModelStep, TaskTurnHook, TurnOutcome, TurnRunner
+
+__all__ = [
+    "HANDOFF_KIND",
+    "NOTIFICATION_KIND",
+    "TERMINAL_STATES",
+    "Compaction",
+    "Decision",
+    "ExecutionCoordinator",
+    "FaultHook",
+    "GoalState",
+    "InvalidTransition",
+    "ModelStep",
+    "NotificationBody",
+    "NotifyPolicy",
+    "Outcome",
+    "OutputExcerpt",
+    "ProcessSupervisor",
+    "SessionControl",
+    "SupervisorError",
+    "TaskError",
+    "TaskJournal",
+    "TaskJournalCorrupt",
+    "TaskNotifications",
+    "TaskRecord",
+    "TaskReference",
+    "TaskState",
+    "TaskTurnHook",
+    "ToolCallProcessor",
+    "TurnOutcome",
+    "TurnRunner",
+    "UnknownTaskError",
+    "WakeResult",
+    "blockers",
+    "continuation_decision",
+    "eligible",
+    "event_id_for",
+    "handoff_references",
+    "notification_id_for",
+    "parse_notification",
+    "render_notification",
+]

@@ -1,0 +1,39 @@
+"""Errors of the task journal. Each says whose fault it is.
+
+* ``InvalidTransition`` - a caller asked for a lifecycle or delivery step the record's current
+  state forbids (the caller's fault; nothing was written).
+* ``UnknownTaskError`` - no task with that id (the caller's fault).
+* ``TaskJournalCorrupt`` - a stored task record cannot be decoded (the state on disk's fault).
+* ``SupervisorError`` - the supervisor was used outside its lifetime (the caller's fault).
+"""
+
+from __future__ import annotations
+
+
+class TaskError(Exception):
+    """Base of every error raised by ``afterword.tasks``."""
+
+
+class InvalidTransition(TaskError):
+    def __init__(self, task_id: str, state: str, step: str) -> None:
+        self.task_id = task_id
+        self.state = state
+        self.step = step
+        super().__init__(f"task {task_id}: {step!r} is not allowed in state {state!r}")
+
+
+class UnknownTaskError(TaskError, KeyError):
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(task_id)
+
+    def __str__(self) -> str:
+        return f"no task {self.task_id!r}"
+
+
+class TaskJournalCorrupt(TaskError):
+    """A stored task or session-control record is unreadable (fail closed)."""
+
+
+class SupervisorError(TaskError):
+    """The process supervisor is not running (enter it with ``async with``)."""

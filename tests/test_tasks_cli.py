@@ -1,0 +1,96 @@
+"""``afterword tasks list|show`` (run as ``python -m afterword.tasks.cli`` until wired in)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from afterword.history import DurableHistory, Message
+from afterword.store import RecordStore, StoreOptions
+from afterword.tasks import ProcessSupervisor, TaskJournal, TaskNotifications, ToolCallProcessor
+from afterword.tasks.cli import main
+from afterword.wal import WalOptions
+
+OPTIONS = StoreOptions(wal=WalOptions(segment_size=4 * 1024 * 1024, max_payload=1024 * 1024, zero_fill=False))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "afterword.tasks.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+async def _populate(state_dir: str) -> dict[str, str]:
+    with RecordStore.open(state_dir, options=OPTIONS) as store:
+        journal, history = TaskJournal(store), DurableHistory(store)
+        notes, tools = TaskNotifications(journal, history), ToolCallProcessor(journal, history)
+        async with ProcessSupervisor(journal) as sup:
+            await history.append("s-a", [Message(id="a1", role="assistant", content="", tool_calls=("c1",))])
+            ok = await sup.start("s-a", "c1", [sys.executable, "-c", "print('SECRET-LOOKING OUTPUT')"])
+            result = Message(id="r1", role="tool", content="bg", tool_call_id="c1")
+            await tools.commit_tool_result("s-a", result)
+            await sup.wait(ok.task_id, 30)
+            await notes.deliver("s-a")
+            other = await sup.start("s-b", "c9", [sys.executable, "-c", "raise SystemExit(2)"])
+            await sup.wait(other.task_id, 30)
+        return {"ok": ok.task_id, "other": other.task_id}
+
+
+@pytest.fixture
+def populated(state_dir: str) -> dict[str, str]:
+    return anyio.run(_populate, state_dir)
+
+
+def test_list_json_and_session_filter(state_dir: str, populated: dict[str, str]) -> None:
+    proc = cli("tasks", "list", "--state-dir", state_dir, "--json")
+    assert proc.returncode == 0, proc.stderr
+    items = json.loads(proc.stdout)["items"]
+    assert {i["taskId"] for i in items} == set(populated.values())
+    ok = next(i for i in items if i["taskId"] == populated["ok"])
+    assert ok["state"] == "exited" and ok["committed"] and ok["delivered"] and not ok["consumed"]
+    assert ok["eventId"].startswith("tev_") and ok["notificationBlockers"] == ["already_delivered"]
+    only_b = json.loads(cli("tasks", "list", "--state-dir", state_dir, "--session", "s-b", "--json").stdout)
+    assert [i["taskId"] for i in only_b["items"]] == [populated["other"]]
+
+
+def test_list_and_show_text(
+    state_dir: str, populated: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tasks", "list", "--state-dir", state_dir]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["TASK", "SESSION", "STATE", "NOTIFY", "FLAGS", "COMMAND"]
+    assert any(populated["other"] in row and "failed(2)" in row for row in table)
+    assert main(["tasks", "show", populated["other"], "--state-dir", state_dir]) == 0
+    shown = capsys.readouterr().out
+    assert "notification: not eligible (tool_result_not_committed)" in shown
+    assert "SECRET-LOOKING" not in shown  # output only on request
+    assert main(["tasks", "show", populated["ok"], "--state-dir", state_dir, "--output"]) == 0
+    shown = capsys.readouterr().out
+    assert "notification: delivered as task-notification:tev_" in shown
+    assert "--- untrusted process output" in shown and "SECRET-LOOKING OUTPUT" in shown
+
+
+def test_show_json_missing_task_and_missing_journal(
+    state_dir: str, populated: dict[str, str], tmp_path: Path
+) -> None:
+    proc = cli("tasks", "show", populated["ok"], "--state-dir", state_dir, "--json", "--output")
+    view = json.loads(proc.stdout)
+    assert view["taskId"] == populated["ok"] and "SECRET-LOOKING" in view["untrustedProcessOutput"]["text"]
+    missing = cli("tasks", "show", "task_nope", "--state-dir", state_dir)
+    assert missing.returncode == 1 and "no task" in missing.stderr
+    nowhere = str(tmp_path / "absent")
+    empty = cli("tasks", "list", "--state-dir", nowhere, "--json")
+    assert empty.returncode == 0 and json.loads(empty.stdout) == {"items": []}
+    assert not os.path.exists(nowhere)  # a viewer creates nothing
+
+
+def test_journal_in_use_exits_3(state_dir: str, populated: dict[str, str]) -> None:
+    with RecordStore.open(state_dir, options=OPTIONS):
+        proc = cli("tasks", "list", "--state-dir", state_dir)
+    assert proc.returncode == 3 and "cannot open task journal" in proc.stderr
