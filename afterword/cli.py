@@ -267,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.func(args)
+        handler = getattr(args, "func", None) or args.handler
+        code: int = handler(args)
     except ConfigError as exc:
         print(f"afterword: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ newer than the record's, so replaying a transaction twice equals replaying it on
 
 from __future__ import annotations
 
+import logging
 import secrets as _secrets
 import time
 from collections import Counter, deque
@@ -47,6 +48,7 @@ from .codec import (
 from .errors import RecordTooLarge, StoreClosedError, StoreCorruptError, VersionConflict
 from .lock import OwnershipLock
 
+log = logging.getLogger("afterword.store")
 MANIFEST = "MANIFEST"
 SECRET = "secret"
 RECORDS = "records"
@@ -332,7 +334,12 @@ class RecordStore:
             self._dirty.add(op.key)
             for prefix, fn in self._watchers:
                 if op.key.startswith(prefix):
-                    fn(op.key, old, new)
+                    try:
+                        fn(op.key, old, new)
+                    except Exception as exc:
+                        # The commit is durable and memory matches the log; a broken index is
+                        # the watcher's fault and must not hide the commit from its caller.
+                        log.error("store watcher for %r failed on %r: %s", prefix, op.key, type(exc).__name__)
 
     # -- checkpoint --------------------------------------------------------------------------
     async def checkpoint(self) -> None:
