@@ -139,6 +139,8 @@ class RecordStore:
         try:
             self._recover()
         except BaseException:
+            if hasattr(self, "_wal"):
+                self._wal.close()
             self._lock.release()
             raise
         self.recovery_seconds = time.perf_counter() - began

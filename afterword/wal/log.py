@@ -130,7 +130,11 @@ class WriteAheadLog:
     ) -> tuple[WriteAheadLog, list[Frame]]:
         """Open (creating if needed) and return the log plus the frames to replay."""
         wal = cls(root, rel_dir, options or WalOptions())
-        frames = wal._recover(start_seq, checkpoint_lsn)
+        try:
+            frames = wal._recover(start_seq, checkpoint_lsn)
+        except BaseException:
+            wal.close()  # a refused open must not leak segment descriptors
+            raise
         return wal, frames
 
     def _slot_rel(self, slot: int) -> str:
@@ -168,10 +172,12 @@ class WriteAheadLog:
         for slot, seg in self._segments.items():
             image = by_slot.get(slot)
             header = decode_segment_header(image.data) if image is not None else None
-            if header is not None:
+            # Only the live chain counts towards the next seq. A segment past the end (its
+            # header durable, the write before it lost) is zeroed below; counting its seq would
+            # leave a gap in the chain the next segment extends, which scan_chain rejects.
+            if header is not None and header.seq >= start_seq and slot not in plan.free_slots:
                 max_seq = max(max_seq, header.seq)
-                if header.seq >= start_seq and slot not in plan.free_slots:
-                    seg.header = header
+                seg.header = header
         if plan.repair is not None:
             self._repair(plan.repair.slot, plan.repair.start, plan.repair.stop, by_slot)
         for slot in plan.free_slots:
@@ -307,6 +313,11 @@ class WriteAheadLog:
         """Commit one payload synchronously (for tools and single-threaded callers)."""
         self._check_open()
         self.check_payload(payload)
+        if self._pending:
+            # Queued async payloads hold lower lsns; writing this one first would put the log
+            # out of order (read back as lost data). Only a caller inside the event loop can
+            # get here, while a group write is in flight.
+            raise RuntimeError("append_sync while asynchronous commits are queued; await flush()")
         lsn = self.next_lsn
         self.next_lsn += 1
         try:
@@ -364,13 +375,15 @@ class WriteAheadLog:
                 finally:
                     current.done = True
                     current.event.set()
-                # A cancelled leader stops between batches; a follower takes over below.
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                # No cancellation point here: a leader that stopped early could leave payloads
+                # queued with every follower cancelled too (a task-group shutdown), and a later
+                # write would then skip their lsns. A cancelled leader drains, then returns.
         finally:
             self._leader = False
-            # Wake the followers of the batch this leader did not take so one of them leads.
-            # The batch gets a fresh event first: only a leader swaps events, so a follower
-            # that keeps waiting never waits on an event nobody will set.
+            # Wake the waiters of the batch this leader did not take (after a failed write, or
+            # flush() on the empty open batch) so one of them leads. The batch gets a fresh
+            # event first: only a leader swaps events, so a follower that keeps waiting never
+            # waits on an event nobody will set.
             stranded = self._open_batch
             woken, stranded.event = stranded.event, anyio.Event()
             woken.set()
