@@ -465,8 +465,8 @@ class ContinuationService:
                     rec = self.repo.get(cid)
                     if rec is not None and rec.origin_context == "pending":
                         pairs.append((rec, fn(rec)))
-                if not pairs and not ids:
-                    return []
+                if not pairs:
+                    return []  # nothing pending: settling again must not cost an fsync
                 try:
                     await self.commit(pairs, extra=extra([new for _, new in pairs]))
                 except VersionConflict:

@@ -8,10 +8,10 @@ from typing import Any
 
 import anyio
 import pytest
-
-import afterword
 from _legacy import GuardRefused, V010Runtime, fixture_records, interactive, record, write_v1, write_v2
 from _service import ENV, load, outbox_lines, write_config
+
+import afterword
 from afterword.continuations import FALLBACK_TEXT
 from afterword.continuations.model import decode_continuation
 from afterword.legacy import MigrationError, open_state
@@ -45,6 +45,7 @@ def test_new_store_has_no_records_v2_until_first_native_record(tmp_path: Path) -
         async with afterword.open_service(config, environ=ENV, serve_http=False) as service:
             assert not (state / "records-v2").exists()
             from _service import DETACHED_TOKEN, deadline
+
             from afterword.wire import DetachedClaimRequest
 
             await service.detached_claim(
@@ -234,7 +235,6 @@ def test_legacy_missing_delivered_with_fallback_and_no_model_call(tmp_path: Path
 
 def test_terminal_legacy_records_answer_repeated_claims_and_results(tmp_path: Path) -> None:
     import httpx
-
     from _service import DETACHED_TOKEN, payload_hash
 
     config, state = setup(tmp_path)

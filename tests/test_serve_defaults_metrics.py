@@ -13,9 +13,9 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from _service import DETACHED_TOKEN, ENV, deadline, load, payload_hash, write_config
 
 import afterword
-from _service import DETACHED_TOKEN, ENV, deadline, load, payload_hash, write_config
 
 
 def _port_free(port: int) -> bool:
