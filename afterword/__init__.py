@@ -7,9 +7,13 @@ The app handle::
         ...
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .config import Config, ConfigError, default_config, load_config
-from .runtime import open_service
-from .service import ContinuationService, Resolution
+
+if TYPE_CHECKING:
+    from .runtime import open_service
+    from .service import ContinuationService, Resolution
 
 __version__ = "0.1.0"
 
@@ -23,3 +27,17 @@ __all__ = [
     "load_config",
     "open_service",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The service pulls in Quart and hypercorn; a tool server that only imports
+    # afterword.producer should not pay for them.
+    if name == "open_service":
+        from .runtime import open_service
+
+        return open_service
+    if name in ("ContinuationService", "Resolution"):
+        from . import service
+
+        return getattr(service, name)
+    raise AttributeError(f"module 'afterword' has no attribute {name!r}")

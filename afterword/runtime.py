@@ -37,6 +37,7 @@ async def open_service(
     if not isinstance(config, Config):
         config = load_config(config, environ=environ)
     store = RecordStore.open(config.state_dir)
+    http: HttpServer | None = None
     try:
         open_state(store, config)  # fence and legacy migration come before any v3 work
         blobs = BlobStore(store.root, store.secret)
@@ -46,8 +47,10 @@ async def open_service(
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
         await service.recover()
         await service.apply_retention()
+        http = HttpServer(service)
+        if serve_http:
+            http.bind()  # outside the task group, so a busy port is a plain ServeError
         async with anyio.create_task_group() as tg:
-            http = HttpServer(service)
             if serve_http:
                 await http.start(tg)
             if run_worker:
@@ -61,4 +64,6 @@ async def open_service(
                     await worker.stop()
                 tg.cancel_scope.cancel()
     finally:
+        if http is not None:
+            http.unbind()
         store.close()

@@ -296,8 +296,10 @@ class ContinuationService:
             raise Unauthorized("a valid claim capability is required")
         cap = self._caps.get(cap_id)
         now = self.clock_ms()
-        if cap is None or cap.closed or now > cap.expires_at_ms:
+        if cap is None or now > cap.expires_at_ms:
             raise Closed("this claim capability is closed")
+        if cap.closed:
+            return self._repeat_after_close(cap, req)
         cap.enter()  # no await between the closed check and this: close() waits for us
         try:
             check_task_key(req.task_key)
@@ -325,6 +327,19 @@ class ContinuationService:
             return response
         finally:
             cap.leave()
+
+    def _repeat_after_close(self, cap: ClaimCapability, req: ClaimRequest) -> ClaimResponse:
+        """A closed capability still answers an identical repeat of a claim it admitted (the
+        producer may have lost the first response); anything new is refused."""
+        cid = continuation_id(self._k_ids, "interactive", cap.server_name, req.task_key)
+        existing: Continuation | Tombstone | None = self.repo.get(cid) or self.repo.tombstone(cid)
+        if cid not in cap.claim_ids or existing is None:
+            raise Closed("this claim capability is closed")
+        if existing.claim.task_hash != req.task_hash:
+            raise Conflict("this task key was already claimed with a different taskHash")
+        if existing.claim.deadline_ms != parse_deadline_format(req.deadline):
+            raise Conflict("this task key was already claimed with a different deadline")
+        return self._claim_response(existing)
 
     async def detached_claim(self, service_name: str, token: str, req: DetachedClaimRequest) -> ClaimResponse:
         """A claim by a configured detached service on a configured named route."""
@@ -434,8 +449,10 @@ class ContinuationService:
         return RunBinding(self, run_id, conversation_id, reply_to, mode, caps)
 
     def _forget_capabilities(self, caps: Iterable[ClaimCapability]) -> None:
-        for cap in caps:
-            self._caps.pop(cap.capability_id, None)
+        """Closed capabilities stay until they expire, to answer lost-response repeats."""
+        now = self.clock_ms()
+        for cap_id in [k for k, c in self._caps.items() if c.expires_at_ms < now]:
+            del self._caps[cap_id]
 
     def _run_claims(self, binding: RunBinding) -> list[str]:
         ids: list[str] = []

@@ -245,3 +245,16 @@ def test_sigterm_drains_in_flight_delivery(tmp_path: Path) -> None:
         assert slow.count(":hang") == 1
     finally:
         slow.close()
+
+
+def test_serve_on_a_busy_port_is_one_line(tmp_path: Path, hook: FakeWebhook) -> None:
+    import socket
+
+    config = write_operator_config(tmp_path, hook.url)
+    port = json.loads(config.read_text())["continuations"]["port"]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen(1)
+        done = run_cli("serve", config=config)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"afterword: cannot listen on 127.0.0.1:{port}: Address already in use"]

@@ -515,7 +515,11 @@ async def test_claim_token_after_close_is_gone(tmp_path: Path) -> None:
         first = await h.claimed(token)
         assert await binding.close() == [first["continuationId"]]
         assert_error(await h.claim(token, "after-close"), 410, "closed")
-        assert_error(await h.claim(token), 410, "closed")  # even an identical repeat
+        # An identical repeat of the admitted claim (its first response lost) stays idempotent
+        # and creates nothing; a different hash for it is still a conflict.
+        repeat = await h.claim(token)
+        assert repeat.status_code == 200 and repeat.json() == first
+        assert_error(await h.claim(token, taskHash="other"), 409, "conflict")
         assert h.active == 1
         # The result side is unaffected by closing the claim capability.
         assert (await h.submit(first)).status_code == 200

@@ -51,9 +51,23 @@ class HttpServer:
         self._done = anyio.Event()
         self._sock: socket.socket | None = None
 
+    def bind(self) -> None:
+        """Listen on the configured loopback port now (raises ``ServeError`` at once)."""
+        if self._sock is None:
+            cfg = self.service.config
+            self._sock = _bind(cfg.host, cfg.port)
+
+    def unbind(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass  # hypercorn already closed the descriptor it was handed
+
     async def start(self, tg: TaskGroup) -> None:
-        cfg = self.service.config
-        self._sock = _bind(cfg.host, cfg.port)
+        self.bind()
+        assert self._sock is not None
         hc = HypercornConfig()
         hc.bind = [f"fd://{self._sock.fileno()}"]
         hc.accesslog = None
@@ -68,11 +82,7 @@ class HttpServer:
         try:
             await serve(app, hc, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
         finally:
-            if self._sock is not None:
-                try:
-                    self._sock.close()
-                except OSError:
-                    pass  # hypercorn already closed the descriptor it was handed
+            self.unbind()
             self._done.set()
 
     async def stop(self) -> None:
