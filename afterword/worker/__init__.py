@@ -1,7 +1,7 @@
 """Worker loop, synthesizers and channel adapters."""
 
 from .channels import Channel, ChunkDelivery, ChunkReceipt, OutboxChannel, SlackChannel, WebhookChannel
-from .errors import PermanentDeliveryError, RetryableDeliveryError, SynthesisError
+from .errors import PermanentDeliveryError, RetryableDeliveryError, SynthesisError, UnconfirmedDeliveryError
 from .loop import Worker
 from .synth import OpenAISynthesizer, SynthesisRequest, Synthesizer, TemplateSynthesizer
 
@@ -18,6 +18,7 @@ __all__ = [
     "SynthesisRequest",
     "Synthesizer",
     "TemplateSynthesizer",
+    "UnconfirmedDeliveryError",
     "WebhookChannel",
     "Worker",
 ]

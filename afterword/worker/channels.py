@@ -16,7 +16,7 @@ import httpx
 import msgspec
 
 from ..disk import Disk, OsDisk
-from .errors import PermanentDeliveryError, RetryableDeliveryError
+from .errors import PermanentDeliveryError, RetryableDeliveryError, UnconfirmedDeliveryError
 
 
 class ChunkDelivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,9 +170,13 @@ class SlackChannel:
         try:
             data = response.json()
         except ValueError:
+            if response.is_success:  # a 2xx may well have posted: not safe to try again
+                raise UnconfirmedDeliveryError("Slack answered 2xx without JSON") from None
             raise RetryableDeliveryError("bad_response", "Slack answered without JSON") from None
-        if data.get("ok") is True and isinstance(data.get("ts"), str):
-            return ChunkReceipt(delivery_id=data["ts"], channel_id=str(data.get("channel") or parts[1]))
+        if data.get("ok") is True:
+            if isinstance(data.get("ts"), str):
+                return ChunkReceipt(delivery_id=data["ts"], channel_id=str(data.get("channel") or parts[1]))
+            raise UnconfirmedDeliveryError("Slack accepted the post without a message ts")
         error = str(data.get("error") or "unknown_error")[:64]
         if error == "ratelimited":
             raise RetryableDeliveryError(

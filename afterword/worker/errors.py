@@ -24,5 +24,9 @@ class PermanentDeliveryError(WorkerError):
         super().__init__(message)
 
 
+class UnconfirmedDeliveryError(WorkerError):
+    """The channel may have posted but did not confirm it: the outcome is unknown, never retried."""
+
+
 class SynthesisError(WorkerError):
     """The model call failed; its outcome is treated as ambiguous (never repeated)."""

@@ -171,6 +171,11 @@ class Worker:
             log.warning("continuation %s: %s failed: %s", cid, action, exc)
         except DiskError as exc:
             log.error("continuation %s: %s stopped by a storage failure: %s", cid, action, type(exc).__name__)
+        except Exception as exc:
+            # A malformed record or a bug must not take the worker (and the service) down, nor
+            # crash-loop every restart on the same record: park it where an operator sees it.
+            log.error("continuation %s: %s failed unexpectedly: %s", cid, action, type(exc).__name__)
+            await self._park(cid, type(exc).__name__)
         finally:
             self._busy.discard(cid)
             self.service.work_available.set()
@@ -185,6 +190,18 @@ class Worker:
                 await self._transition(cid, fn)
             except (ContinuationError, VersionConflict, DiskError):
                 pass  # recovery at the next start reaches the same verdict
+
+    async def _park(self, cid: str, reason: str) -> None:
+        now = self.service.clock_ms()
+
+        def fn(r: Continuation) -> Continuation | None:
+            if r.terminal:
+                return None
+            if r.delivery_in_flight or r.chunk_receipts:  # posting may have begun: never repost
+                return lifecycle.delivery_unknown(r, "internal_error", reason, now)
+            return lifecycle.dead_letter(r, "internal_error", reason, now)
+
+        await self._shielded(cid, fn)
 
     # -- destination checks ------------------------------------------------------------------
     def _channel(self, destination: str) -> tuple[Channel, ChannelConfig | None] | None:
@@ -221,7 +238,7 @@ class Worker:
                 self.service.blobs.verify_binding(
                     rec.snapshot_digest, canonical_claim(claim), rec.snapshot_mac
                 )
-            except BlobBindingError:
+            except (BlobBindingError, ValueError):  # ValueError: the stored digest is malformed
                 raise BindingInvalid("snapshot binding does not verify") from None
             try:
                 data = await anyio.to_thread.run_sync(self.service.blobs.get, rec.snapshot_digest)
@@ -402,15 +419,29 @@ class Worker:
                 cid, lambda r: lifecycle.delivery_unknown(r, "delivery_error", reason, now())
             )
             return
-        recorded, history_code = await self.record_history(rec)
-        receipt = Receipt(
-            kind="posted",
-            delivered_at_ms=now(),
-            channel_id=receipts[0].channel_id if receipts else None,
-            delivery_ids=tuple(r.delivery_id for r in receipts),
-            history_recorded=recorded,
-            history_error_code=history_code,
-        )
+
+        def posted(recorded: bool, history_code: str | None) -> Receipt:
+            return Receipt(
+                kind="posted",
+                delivered_at_ms=now(),
+                channel_id=receipts[0].channel_id if receipts else None,
+                delivery_ids=tuple(r.delivery_id for r in receipts),
+                history_recorded=recorded,
+                history_error_code=history_code,
+            )
+
+        # Every chunk is confirmed: from here the outcome is "delivered" whatever the history
+        # append does, so a hung append is bounded and an interrupted one still records it.
+        recorded = False
+        history_code: str | None = "history_timeout"
+        try:
+            with anyio.move_on_after(timeout):
+                recorded, history_code = await self.record_history(rec)
+        except anyio.get_cancelled_exc_class():
+            interrupted = posted(False, "history_interrupted")
+            await self._shielded(cid, lambda r: lifecycle.delivered(r, interrupted, now()))
+            raise
+        receipt = posted(recorded, history_code)
         await self._transition(cid, lambda r: lifecycle.delivered(r, receipt, now()))
         log.info("continuation %s delivered (%d chunk(s))", cid, len(receipts))
 

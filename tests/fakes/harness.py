@@ -1,0 +1,69 @@
+"""Open a real service (HTTP + worker) on a free loopback port, with a producer client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _service import ENV, outbox_lines, write_config
+
+import afterword
+from afterword import ContinuationService
+from afterword.config import Config
+from afterword.service import wall_clock_ms
+from afterword.worker import Worker
+
+from .producer import Producer
+
+
+@dataclass
+class Harness:
+    service: ContinuationService
+    producer: Producer
+    config: Config
+    environ: dict[str, str]
+
+    @property
+    def worker(self) -> Worker:
+        worker: Worker = self.service.worker  # type: ignore[attr-defined]
+        return worker
+
+    def outbox(self) -> list[dict[str, Any]]:
+        return outbox_lines(self.config)
+
+
+def make_config(
+    root: Path, continuations: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[Config, dict[str, str]]:
+    env = {**ENV, **(environ or {})}
+    return afterword.load_config(write_config(root, continuations=continuations), environ=env), env
+
+
+@asynccontextmanager
+async def running(
+    config: Config,
+    environ: Mapping[str, str],
+    *,
+    synthesizer: Any = None,
+    channels: Mapping[str, Any] | None = None,
+    history: Any = None,
+    clock: Callable[[], int] = wall_clock_ms,
+    run_worker: bool = True,
+) -> AsyncIterator[Harness]:
+    async with (
+        afterword.open_service(
+            config,
+            synthesizer=synthesizer,
+            channels=channels,
+            history=history,
+            clock_ms=clock,
+            environ=environ,
+            run_worker=run_worker,
+        ) as service,
+        httpx.AsyncClient(timeout=10) as client,
+    ):
+        yield Harness(service, Producer(client), config, dict(environ))
