@@ -498,7 +498,8 @@ class ContinuationService:
             return None
         snapshot = build_snapshot(binding.conversation_id, history)
         binding.history_boundary = snapshot.history_boundary  # type: ignore[attr-defined]
-        digest = self.blobs.put(encode_snapshot(snapshot))
+        # The blob write fsyncs twice: keep it off the event loop.
+        digest = await anyio.to_thread.run_sync(self.blobs.put, encode_snapshot(snapshot))
         now = self.clock_ms()
         try:
             await self._update_run(
@@ -607,7 +608,9 @@ class ContinuationService:
             if batch:
                 await self.store.transact([Delete("t/" + cid) for cid in batch])
                 dropped += len(batch)
-        swept = self.blobs.sweep(self.store.referenced_blobs())  # on the loop: puts happen here too
+        # On the loop thread: the referenced set and the sweep must see the same moment, or a
+        # blob committed (and unpinned) in between could be judged unreferenced.
+        swept = self.blobs.sweep(self.store.referenced_blobs())
         if compacted or dropped or swept:
             log.info(
                 "retention: %d compacted, %d tombstones dropped, %d blobs swept",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import threading
 from hashlib import sha256
 
 import blake3
@@ -58,6 +59,9 @@ class BlobStore:
         self._bind_key = derive_key(secret, "blob-binding")
         self._sizes: dict[str, int] = {}
         self._pinned: dict[str, int] = {}
+        # put() may run in a worker thread (it fsyncs); the lock keeps the quota check, the
+        # write and the accounting one step, and keeps the sweep from racing a put.
+        self._lock = threading.RLock()
         root.ensure_dir(rel_dir)
         root.remove_temporaries(rel_dir)
         for name in root.listdir(rel_dir):
@@ -71,37 +75,45 @@ class BlobStore:
 
     @property
     def used_bytes(self) -> int:
-        return sum(self._sizes.values())
+        with self._lock:
+            return sum(self._sizes.values())
 
     def __contains__(self, digest: object) -> bool:
-        return digest in self._sizes
+        with self._lock:
+            return digest in self._sizes
 
     def digests(self) -> set[str]:
-        return set(self._sizes)
+        with self._lock:
+            return set(self._sizes)
 
     def put(self, data: bytes) -> str:
-        """Store ``data`` durably (idempotent per content) and pin it; return its digest."""
+        """Store ``data`` durably (idempotent per content) and pin it; return its digest.
+
+        Safe to call from a worker thread.
+        """
         if len(data) > self.max_blob:
             raise BlobTooLarge(f"blob of {len(data)} bytes exceeds {self.max_blob}")
         digest = blob_digest(data)
-        if digest not in self._sizes:
-            if self.used_bytes + len(data) > self.quota:
-                raise BlobQuotaExceeded(
-                    f"blob of {len(data)} bytes would exceed the {self.quota}-byte quota "
-                    f"({self.used_bytes} in use)"
-                )
-            self.root.write_atomic(f"{self.rel_dir}/{digest}", data)
-            self._sizes[digest] = len(data)
-        self._pinned[digest] = self._pinned.get(digest, 0) + 1
+        with self._lock:
+            if digest not in self._sizes:
+                used = sum(self._sizes.values())
+                if used + len(data) > self.quota:
+                    raise BlobQuotaExceeded(
+                        f"blob of {len(data)} bytes would exceed the {self.quota}-byte quota ({used} in use)"
+                    )
+                self.root.write_atomic(f"{self.rel_dir}/{digest}", data)
+                self._sizes[digest] = len(data)
+            self._pinned[digest] = self._pinned.get(digest, 0) + 1
         return digest
 
     def unpin(self, digest: str) -> None:
         """The caller's record committed (or gave up): the sweep may judge this blob again."""
-        n = self._pinned.get(digest, 0) - 1
-        if n > 0:
-            self._pinned[digest] = n
-        else:
-            self._pinned.pop(digest, None)
+        with self._lock:
+            n = self._pinned.get(digest, 0) - 1
+            if n > 0:
+                self._pinned[digest] = n
+            else:
+                self._pinned.pop(digest, None)
 
     def get(self, digest: str) -> bytes:
         """The blob's bytes, verified against its digest."""
@@ -132,10 +144,11 @@ class BlobStore:
     # -- sweep -------------------------------------------------------------------------------
     def sweep(self, referenced: set[str]) -> list[str]:
         """Remove every blob that is neither referenced nor pinned; crash-safe (idempotent)."""
-        doomed = [d for d in self._sizes if d not in referenced and d not in self._pinned]
-        for digest in doomed:
-            self.root.remove(f"{self.rel_dir}/{digest}", sync_dir=False)
-            del self._sizes[digest]
-        if doomed:
-            self.root.sync_dir(self.rel_dir)
-        return doomed
+        with self._lock:
+            doomed = [d for d in self._sizes if d not in referenced and d not in self._pinned]
+            for digest in doomed:
+                self.root.remove(f"{self.rel_dir}/{digest}", sync_dir=False)
+                del self._sizes[digest]
+            if doomed:
+                self.root.sync_dir(self.rel_dir)
+            return doomed

@@ -70,11 +70,12 @@ class OutboxChannel:
 
     max_chunk_chars = 4000
 
-    def __init__(self, path: str, *, clock: object = None, disk: Disk | None = None) -> None:
+    def __init__(self, path: str, *, disk: Disk | None = None) -> None:
         self.path = os.path.abspath(path)
         self._disk = disk or OsDisk()
         self._lock = threading.Lock()
         self._encoder = msgspec.json.Encoder()
+        self._dir_synced = False
 
     def _append(self, line: bytes) -> None:
         with self._lock:
@@ -85,6 +86,10 @@ class OutboxChannel:
                 self._disk.fsync(fd)
             finally:
                 self._disk.close(fd)
+            if not self._dir_synced:
+                # The file may have just been created: its name must be durable too.
+                self._disk.fsync_dir(os.path.dirname(self.path))
+                self._dir_synced = True
 
     async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
         from ..continuations.rules import format_ms

@@ -363,17 +363,20 @@ class Worker:
         try:
             with anyio.fail_after(timeout):
                 for index, chunk in enumerate(chunks):
-                    receipts.append(
-                        await channel.post(
-                            ChunkDelivery(
-                                delivery_key=f"{cid}:{index}",
-                                conversation_id=dest,
-                                chunk_index=index,
-                                chunk_count=len(chunks),
-                                text=chunk,
-                            )
+                    chunk_receipt = await channel.post(
+                        ChunkDelivery(
+                            delivery_key=f"{cid}:{index}",
+                            conversation_id=dest,
+                            chunk_index=index,
+                            chunk_count=len(chunks),
+                            text=chunk,
                         )
                     )
+                    receipts.append(chunk_receipt)
+                    if index < len(chunks) - 1:
+                        # Durable before the next chunk: after a crash the operator can see
+                        # exactly which parts of the answer were posted.
+                        await self._record_chunk(cid, chunk_receipt.delivery_id)
         except anyio.get_cancelled_exc_class():
             await self._shielded(
                 cid,
@@ -445,12 +448,17 @@ class Worker:
         await self._transition(cid, lambda r: lifecycle.delivered(r, receipt, now()))
         log.info("continuation %s delivered (%d chunk(s))", cid, len(receipts))
 
+    async def _record_chunk(self, cid: str, delivery_id: str) -> None:
+        now = self.service.clock_ms
+        await self._transition(cid, lambda r: lifecycle.record_chunk(r, delivery_id, now()))
+
     async def _partial(self, cid: str, receipts: list[ChunkReceipt], code: str) -> None:
         now = self.service.clock_ms
 
         def fn(r: Continuation) -> Continuation:
             for item in receipts:
-                r = lifecycle.record_chunk(r, item.delivery_id, now())
+                if item.delivery_id not in r.chunk_receipts:
+                    r = lifecycle.record_chunk(r, item.delivery_id, now())
             return lifecycle.delivery_unknown(
                 r, "partial_delivery", f"{len(receipts)} chunk(s) posted, then {code}", now()
             )
