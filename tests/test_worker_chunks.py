@@ -34,6 +34,7 @@ async def test_first_chunk_receipt_is_durable_before_the_second_post(tmp_path: P
     config, env = make_config(tmp_path, {"limits": {"deliveryTimeoutMs": 60000}})
     channel = SecondChunkHangs()
     async with running(config, env, channels={"*": channel}) as h:
+        h.worker.drain_seconds = 0.2  # the second post never returns; do not wait on shutdown
         claimed = await reply_run(h.service, h.producer, {"summary": "a long answer " * 3})
         with anyio.fail_after(10):
             await channel.second_started.wait()

@@ -70,6 +70,7 @@ class Worker:
         self._tg: TaskGroup | None = None
         self._retention_running = False
         self.retention_interval_s = RETENTION_INTERVAL_S
+        self.drain_seconds = DRAIN_SECONDS  # how long stop() lets in-flight work finish
         service.on_change.append(self._on_change)
 
     # -- scheduling --------------------------------------------------------------------------
@@ -130,7 +131,7 @@ class Worker:
                 self._dispatch(tg, full)
                 with anyio.move_on_after(SCAN_INTERVAL_S):
                     await self.service.work_available.wait()
-            with anyio.move_on_after(DRAIN_SECONDS):
+            with anyio.move_on_after(self.drain_seconds):
                 while self._busy:
                     await anyio.sleep(0.02)
             tg.cancel_scope.cancel()
@@ -152,7 +153,7 @@ class Worker:
         self._stopping = True
         self.service.work_available.set()
         if self._tg is not None:
-            with anyio.move_on_after(DRAIN_SECONDS + 2):
+            with anyio.move_on_after(self.drain_seconds + 2):
                 await self._stopped.wait()
 
     async def _run_one(self, cid: str, action: str) -> None:
