@@ -1,0 +1,1 @@
+"""Developer and operator tools built on afterword (not part of the installed package)."""
