@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -18,18 +18,7 @@ State = Literal[
     "cancelled",
     "dead_lettered",
 ]
-STATES: tuple[State, ...] = (
-    "claimed",
-    "result_received",
-    "synthesizing",
-    "ready_to_deliver",
-    "delivery_retry",
-    "delivered",
-    "delivery_unknown",
-    "expired",
-    "cancelled",
-    "dead_lettered",
-)
+STATES: tuple[State, ...] = get_args(State)
 TERMINAL: frozenset[str] = frozenset(
     {"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"}
 )
@@ -37,16 +26,9 @@ TERMINAL: frozenset[str] = frozenset(
 # for nothing else. Records in these states are not admitted against the active limits.
 
 OriginContext = Literal["pending", "pinned", "abandoned", "detached_latest", "legacy_missing", "scrubbed"]
-ORIGIN_CONTEXTS: tuple[OriginContext, ...] = (
-    "pending",
-    "pinned",
-    "abandoned",
-    "detached_latest",
-    "legacy_missing",
-    "scrubbed",
-)
+ORIGIN_CONTEXTS: tuple[OriginContext, ...] = get_args(OriginContext)
 Mode = Literal["reply", "notify_if_actionable", "capture", "silent"]
-MODES: tuple[Mode, ...] = ("reply", "notify_if_actionable", "capture", "silent")
+MODES: tuple[Mode, ...] = get_args(Mode)
 Kind = Literal["interactive", "detached"]
 CompletionKind = Literal["synthesized", "origin_context_unavailable", "suppressed", "silent"]
 

@@ -94,45 +94,22 @@ class RunBinding:
     def servers(self) -> Sequence[str]:
         return sorted(self._caps)
 
-    def _reserved(self, server: str) -> dict[str, str] | None:
+    def _reserved(self, server: str, names: tuple[str, ...]) -> dict[str, str]:
+        """The reserved values for ``server`` under ``names`` (empty: no authority)."""
         cap = self._caps.get(server)
         if cap is None or self.closed:
-            return None
-        return {
-            "url": self._service.claim_url,
-            "token": cap.token,
-            "fingerprint": cap.fingerprint,
-            "mode": cap.mode,
-        }
+            return {}
+        values = (self._service.claim_url, cap.token, cap.fingerprint, cap.mode)
+        return dict(zip(names, values, strict=True))
 
     def stdio_env(self, server: str, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for a stdio server: configured values with reserved names are dropped,
         then the reserved values are written last (only for a selected server)."""
-        env = strip_reserved_env(base_env)
-        values = self._reserved(server)
-        if values is not None:
-            env.update(
-                zip(
-                    RESERVED_ENV,
-                    (values["url"], values["token"], values["fingerprint"], values["mode"]),
-                    strict=True,
-                )
-            )
-        return env
+        return {**strip_reserved_env(base_env), **self._reserved(server, RESERVED_ENV)}
 
     def http_headers(self, server: str, base_headers: Mapping[str, str] | None = None) -> dict[str, str]:
         """Headers for a loopback HTTP server, built the same way as :meth:`stdio_env`."""
-        headers = strip_reserved_headers(base_headers)
-        values = self._reserved(server)
-        if values is not None:
-            headers.update(
-                zip(
-                    RESERVED_HEADERS,
-                    (values["url"], values["token"], values["fingerprint"], values["mode"]),
-                    strict=True,
-                )
-            )
-        return headers
+        return {**strip_reserved_headers(base_headers), **self._reserved(server, RESERVED_HEADERS)}
 
     async def close(self) -> list[str]:
         """Close every capability to new claims, wait for admitted claims to finish committing,
