@@ -1034,3 +1034,21 @@ def test_channel_for_routes_by_first_segment_with_fallback(cfg_dir: Path) -> Non
 def test_channel_allows(allow: tuple[str, ...] | None, conversation_id: str, allowed: bool) -> None:
     channel = OutboxChannel(path="/o", allow=allow)
     assert channel_allows(channel, conversation_id) is allowed
+
+
+def test_request_context_servers_are_independent_of_continuation_servers(tmp_path: Path) -> None:
+    import json as _json
+
+    (tmp_path / "mcp.json").write_text(
+        _json.dumps({"mcpServers": {"work-control": {"command": "x"}, "context-only": {"command": "y"}}})
+    )
+    doc = {
+        "tools": {
+            "mcpConfigPath": "./mcp.json",
+            "continuationServers": ["work-control"],
+            "mcpRequestContextServers": ["context-only", "work-control"],
+        }
+    }
+    (tmp_path / "afterword.json").write_text(_json.dumps(doc))
+    config = load_config(tmp_path / "afterword.json", environ={})
+    assert config.continuation_servers == ("work-control",)

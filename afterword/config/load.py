@@ -85,6 +85,9 @@ _RETENTION_DEFAULTS = Retention()
 class _RawTools(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):
     mcp_config_path: str | None = None
     continuation_servers: list[str] = []
+    # The host's request-context selection is a separate feature: accepted, and deliberately
+    # never consulted for continuation authority.
+    mcp_request_context_servers: list[str] = []
 
 
 class _RawLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):
