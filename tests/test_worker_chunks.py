@@ -6,11 +6,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+from fakes.harness import make_config, running
+from fakes.producer import reply_run
 
 from afterword.continuations.model import decode_continuation
 from afterword.worker.channels import ChunkDelivery, ChunkReceipt
-from fakes.harness import make_config, running
-from fakes.producer import reply_run
 
 pytestmark = pytest.mark.anyio
 

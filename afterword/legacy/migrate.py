@@ -76,6 +76,10 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
     root = store.root
     step = hook or (lambda _name: None)
     report = MigrationReport()
+    if root.exists(V2_DIR):
+        # A crash inside install_fence leaves the guard's temporary here, and the store only
+        # clears its own directories. Temporaries are never evidence (read_v2 skips them).
+        root.remove_temporaries(V2_DIR)
     manifest = store.manifest
     complete = manifest.meta.get("migration") == "complete"
     have_v3 = v3_continuations(store) > 0
