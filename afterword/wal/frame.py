@@ -34,7 +34,6 @@ ALIGN = 8
 
 _SEG = struct.Struct("<8sQQQ24x")
 _FRAME = struct.Struct("<IIQQ")
-_FRAME_CHECKED = struct.Struct("<IIQQQ")  # the frame header including its checksum word
 _U64 = struct.Struct("<Q")
 
 
@@ -95,19 +94,20 @@ def decode_frame_at(data: bytes | memoryview, offset: int, salt: int, max_payloa
     """The frame at ``offset`` if it is whole and its checksum matches, else None."""
     if offset + FRAME_HEADER_SIZE > len(data):
         return None
-    marker, length, lsn, batch_start, check = _FRAME_CHECKED.unpack_from(data, offset)
+    marker, length, lsn, batch_start = _FRAME.unpack_from(data, offset)
     if marker != marker_for(salt) or length > max_payload:
         return None
     start = offset + FRAME_HEADER_SIZE
     end = start + length
     if end > len(data):
         return None
+    (check,) = _U64.unpack_from(data, offset + 24)
+    h = xxhash.xxh3_64(data[offset : offset + 24], seed=salt)
     payload = bytes(data[start:end])
-    # Replay runs this once per frame: one-shot hashing of header + payload costs half of
-    # what a streaming hasher object does for the small frames a log mostly holds.
-    if xxhash.xxh3_64_intdigest(bytes(data[offset : offset + 24]) + payload, salt) != check:
+    h.update(payload)
+    if h.intdigest() != check:
         return None
-    return Frame(offset, lsn, batch_start, payload, start + padded(length))
+    return Frame(offset, lsn, batch_start, payload, offset + frame_size(length))
 
 
 def is_end_marker(data: bytes | memoryview, offset: int) -> bool:
