@@ -119,7 +119,8 @@ class RecordStore:
         self._blob_refs: Counter[str] = Counter()
         self._watchers: list[tuple[str, Watcher]] = []
         self._closed = False
-        self._checkpoint_lock = anyio.Lock()
+        self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
+        self._gate = anyio.Lock()  # held only while a checkpoint drains the log and rolls it
         self._checkpoints = 0
         self._last_checkpoint_seconds = 0.0
         self.recovery_seconds = 0.0
@@ -276,8 +277,8 @@ class RecordStore:
         ``expect`` maps keys to the version the caller read (None: must be absent); a
         mismatch raises :class:`VersionConflict` before anything is written.
         """
-        await self._checkpoint_lock.acquire()  # a checkpoint's drain briefly holds commits
-        self._checkpoint_lock.release()
+        await self._gate.acquire()  # a checkpoint's drain and roll briefly hold commits
+        self._gate.release()
         ops = self._prepare(mutations, expect)
         payload = encode_tx(ops)
         lsn, batch = self._wal.reserve(payload)
@@ -362,9 +363,12 @@ class RecordStore:
                 await self._checkpoint_locked()
 
     async def _checkpoint_locked(self) -> None:
-        await self._wal.flush()  # every reserved commit durable, then applied
-        self._apply_durable()
-        start_seq, lsn, snapshot = self._begin_checkpoint()
+        async with self._gate:
+            await self._wal.flush()  # every reserved commit durable, then applied
+            self._apply_durable()
+            start_seq, lsn, snapshot = self._begin_checkpoint()
+        # Commits go on while the snapshot is written: they land in segments from start_seq
+        # on, which this checkpoint's manifest keeps for replay.
         try:
             await anyio.to_thread.run_sync(self._write_checkpoint, start_seq, lsn, snapshot)
         except BaseException:

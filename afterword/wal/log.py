@@ -418,6 +418,10 @@ class WriteAheadLog:
         return self._next_seq, self.next_lsn - 1
 
     def retire_before(self, start_seq: int) -> None:
+        with self._write_lock:  # a group write may be choosing segments in its thread
+            self._retire_before(start_seq)
+
+    def _retire_before(self, start_seq: int) -> None:
         keep: list[int] = []
         for slot in self._chain:
             seg = self._segments[slot]
