@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ..disk import Disk, StateRoot
+from ..disk import Disk, StateRoot, is_temp_name
 from ..wal import WalOptions, WriteAheadLog
 from .codec import (
     FORMAT,
@@ -162,7 +162,6 @@ class RecordStore:
             root.ensure_dir(RECORDS)
             root.write_atomic(MANIFEST, encode_manifest(self.manifest))
         root.ensure_dir(RECORDS)
-        root.remove_temporaries(RECORDS)
         self._load_records()
         self._wal, frames = WriteAheadLog.open(
             root,
@@ -186,7 +185,16 @@ class RecordStore:
         return data
 
     def _load_records(self) -> None:
-        names = self.root.listdir(RECORDS)
+        # One listing serves both the temporary cleanup and the load (the directory can hold
+        # tens of thousands of names; listing it is a visible part of the open).
+        names: list[str] = []
+        temporaries: list[str] = []
+        for name in self.root.listdir(RECORDS):
+            (temporaries if is_temp_name(name) else names).append(name)
+        for name in temporaries:
+            self.root.remove(f"{RECORDS}/{name}", sync_dir=False)
+        if temporaries:
+            self.root.sync_dir(RECORDS)
         for name in names:
             if not name.endswith(".rec"):
                 raise StoreCorruptError(f"{self.root.path(RECORDS)}/{name}: not a record file")
