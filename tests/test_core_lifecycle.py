@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
+from _claims import make_claim
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -39,23 +40,7 @@ RECEIPT = Receipt(kind="posted", delivered_at_ms=NOW + 5, channel_id="C1", deliv
 
 
 def claim(**changes: object) -> Claim:
-    fields: dict[str, object] = dict(
-        id="c_test",
-        kind="interactive",
-        server_name="work-control",
-        run_id="run-1",
-        conversation_id="slack:C1:T1#2030-01-01",
-        reply_to="slack:C1:T1",
-        route=None,
-        mode="reply",
-        task_key="task",
-        task_hash="hash",
-        deadline_ms=DEADLINE,
-        fingerprint="sha256:f",
-        created_at_ms=NOW - 1000,
-    )
-    fields.update(changes)
-    return Claim(**fields)  # type: ignore[arg-type]
+    return make_claim(**{"created_at_ms": NOW - 1000, "deadline_ms": DEADLINE, **changes})  # type: ignore[arg-type]
 
 
 def record(state: str = "claimed", **changes: object) -> Continuation:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import msgspec
 import pytest
+from _claims import make_claim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -239,23 +240,7 @@ def test_fingerprint_binds_every_part() -> None:
 
 
 def _claim(**changes: object) -> Claim:
-    fields: dict[str, object] = dict(
-        id="c_1",
-        kind="interactive",
-        server_name="work-control",
-        run_id="run-1",
-        conversation_id="slack:C1:T1#2030-01-01",
-        reply_to="slack:C1:T1",
-        route=None,
-        mode="reply",
-        task_key="task",
-        task_hash="hash",
-        deadline_ms=NOW + DAY,
-        fingerprint="sha256:x",
-        created_at_ms=NOW,
-    )
-    fields.update(changes)
-    return Claim(**fields)  # type: ignore[arg-type]
+    return make_claim(**{"id": "c_1", "created_at_ms": NOW, "deadline_ms": NOW + DAY, **changes})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

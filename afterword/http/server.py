@@ -7,6 +7,7 @@ clear error instead of inside a background task.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -60,10 +61,9 @@ class HttpServer:
     def unbind(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
-            try:
+            # hypercorn may already have closed the descriptor it was handed
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass  # hypercorn already closed the descriptor it was handed
 
     async def start(self, tg: TaskGroup) -> None:
         self.bind()

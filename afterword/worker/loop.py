@@ -8,6 +8,7 @@ and turns into ``dead_lettered`` or ``delivery_unknown`` rather than a repeat.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -186,11 +187,13 @@ class Worker:
         return rec
 
     async def _shielded(self, cid: str, fn: Callable[[Continuation], Continuation | None]) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            try:
-                await self._transition(cid, fn)
-            except (ContinuationError, VersionConflict, DiskError):
-                pass  # recovery at the next start reaches the same verdict
+        # If this fails too, recovery at the next start reaches the same verdict.
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(5),
+            contextlib.suppress(ContinuationError, VersionConflict, DiskError),
+        ):
+            await self._transition(cid, fn)
 
     async def _park(self, cid: str, reason: str) -> None:
         now = self.service.clock_ms()
