@@ -123,6 +123,16 @@ class Connection:
         self._buffer = b""
 
     async def request(self, method: str, url: str, body: Any, headers: dict[str, str] | None = None) -> Any:
+        try:
+            return await self._request(method, url, body, headers)
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            # hypercorn closes a keep-alive connection after keep_alive_max_requests (1,000 by
+            # default); every request here is idempotent, so reconnect and send it again.
+            self._stream = None
+            self._buffer = b""
+            return await self._request(method, url, body, headers)
+
+    async def _request(self, method: str, url: str, body: Any, headers: dict[str, str] | None = None) -> Any:
         if self._stream is None:
             self._stream = await anyio.connect_tcp("127.0.0.1", self.port)
         path = "/" + url.split("/", 3)[3] if url.startswith("http") else url
