@@ -177,3 +177,26 @@ def test_open_tool_calls_tracks_pairing() -> None:
     assert open_tool_calls([opener, r2, stray, r1]) == set()
     assert pairing_closed([opener, r1, r2, user(1)])
     assert not pairing_closed([opener, r1, user(1)])
+
+
+@pytest.mark.anyio
+async def test_concurrent_appends_to_one_conversation_share_fsyncs(tmp_path: Path) -> None:
+    """The per-conversation lock is not held across the fsync: appends group-commit."""
+    import os
+
+    os.chmod(tmp_path, 0o700)
+    with RecordStore.open(str(tmp_path / "s")) as store:
+        history = DurableHistory(store, max_messages=15)
+        before = store.wal.stats.fsyncs
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(history.append, "slack:C1:T1", [Message(id=f"m{i}", role="user", content=str(i))])
+        fsyncs = store.wal.stats.fsyncs - before
+        assert fsyncs < 20, fsyncs
+        kept = await history.latest("slack:C1:T1", 100)
+        assert len(kept) == 15  # bounded, oldest trimmed
+        assert [int(m.content) for m in kept] == sorted(int(m.content) for m in kept)
+        # sequences are contiguous and every appended id not trimmed is present exactly once
+        assert len({m.id for m in kept}) == 15
+        await history.append("slack:C1:T1", [Message(id="m19", role="user", content="19")])  # idempotent
+        assert len(await history.latest("slack:C1:T1", 100)) == 15

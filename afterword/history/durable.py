@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 import blake3
 import msgspec
 
-from ..store import Delete, Put, Record, RecordStore, RecordTooLarge, VersionConflict
+from ..store import Delete, PendingCommit, Put, Record, RecordStore, RecordTooLarge, VersionConflict
 from ..wal import TransactionTooLarge
-from .errors import HistoryCorruptError, InvalidMessageError, MessageTooLargeError
+from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
 from .message import Message
 
 PREFIX = "history/"
@@ -66,6 +66,18 @@ class _Conversation:
 
 # Locks shared by every DurableHistory over the same store, per conversation digest.
 _locks: weakref.WeakKeyDictionary[RecordStore, dict[str, anyio.Lock]] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _InFlight:
+    """Appends of one conversation reserved in the store but not yet durable."""
+
+    seqs: list[int] = field(default_factory=list)  # ascending
+    deleting: set[int] = field(default_factory=set)
+    ids: dict[str, anyio.Event] = field(default_factory=dict)  # set when that append settles
+
+
+_inflight: weakref.WeakKeyDictionary[RecordStore, dict[str, _InFlight]] = weakref.WeakKeyDictionary()
 
 
 def _check_message(message: Message) -> None:
@@ -185,36 +197,79 @@ class DurableHistory:
         if len(batch) > self.max_messages:
             raise InvalidMessageError(f"batch of {len(batch)} messages exceeds max_messages")
         digest = conversation_digest(conversation_id)
+        # The lock covers only choosing sequence numbers and reserving the transaction; the
+        # fsync is awaited outside it, so concurrent appends to one conversation share a
+        # group commit instead of queueing behind one fsync each.
         async with self._lock(digest):
             for attempt in range(_CONFLICT_RETRIES):
                 try:
-                    await self._append_locked(conversation_id, digest, batch)
-                    return
+                    reserved = self._reserve_locked(conversation_id, digest, batch)
+                    break
                 except VersionConflict:
-                    # Another writer bypassed the shared lock; the index now shows its commit.
+                    # Another writer bypassed the shared lock; wait for its commit to apply.
                     if attempt == _CONFLICT_RETRIES - 1:
                         raise
                     await anyio.sleep(0)
+        pending, others, settle = reserved
+        if pending is not None:
+            # Shielded: the reservation is in the log either way, and the in-flight bookkeeping
+            # must stay until it is applied, or a later append could pick the same sequence.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await pending.wait()
+                finally:
+                    settle()
+        for event in others:  # the same message id is being appended by someone else
+            await event.wait()
+        missing = [m for m in batch if not self.has_message(conversation_id, m)]
+        if missing and pending is None:
+            raise HistoryError(f"a concurrent append of message {missing[0]!r} did not commit")
 
-    async def _append_locked(self, conversation_id: str, digest: str, batch: dict[str, Message]) -> None:
+    def _reserve_locked(
+        self, conversation_id: str, digest: str, batch: dict[str, Message]
+    ) -> tuple[PendingCommit | None, list[anyio.Event], Callable[[], None]]:
         conv = self._conversation(conversation_id)
         held = conv.by_id if conv is not None else {}
-        fresh = [m for m in batch.values() if m.id not in held]
+        flight = _inflight.setdefault(self.store, {}).setdefault(digest, _InFlight())
+        others = [flight.ids[m] for m in batch if m not in held and m in flight.ids]
+        fresh = [m for m in batch.values() if m.id not in held and m.id not in flight.ids]
         if not fresh:
-            return
-        existing = conv.seqs if conv is not None else []
-        next_seq = existing[-1] + 1 if existing else 0
+            return None, others, lambda: None
+        applied = conv.seqs if conv is not None else []
+        last = max(applied[-1] if applied else -1, flight.seqs[-1] if flight.seqs else -1)
+        next_seq = last + 1
+        new_seqs = [next_seq + offset for offset in range(len(fresh))]
         mutations: list[Put | Delete] = []
-        for offset, message in enumerate(fresh):
-            seq = next_seq + offset
+        for seq, message in zip(new_seqs, fresh, strict=True):
             body = _encoder.encode(StoredMessage(conversation_id=conversation_id, seq=seq, message=message))
             mutations.append(Put(message_key(digest, seq), body))
-        excess = len(existing) + len(fresh) - self.max_messages
-        mutations.extend(Delete(message_key(digest, seq)) for seq in existing[: max(excess, 0)])
+        # Trim to the bound counting appends still in flight; a message being deleted by an
+        # earlier in-flight append is not counted twice.
+        # A later transaction may delete a message an earlier in-flight one writes: both apply
+        # in lsn order, so the bound holds however many appends overlap.
+        live = [seq for seq in (*applied, *flight.seqs) if seq not in flight.deleting]
+        excess = len(live) + len(fresh) - self.max_messages
+        doomed = live[: max(excess, 0)]
+        mutations.extend(Delete(message_key(digest, seq)) for seq in doomed)
         try:
-            await self.store.transact(mutations, expect={message_key(digest, next_seq): None})
+            pending = self.store.reserve(mutations, expect={message_key(digest, next_seq): None})
         except (RecordTooLarge, TransactionTooLarge) as exc:
             raise MessageTooLargeError(str(exc)) from None
+        done = anyio.Event()
+        flight.seqs.extend(new_seqs)
+        flight.deleting.update(doomed)
+        for message in fresh:
+            flight.ids[message.id] = done
+
+        def settle() -> None:
+            for seq in new_seqs:
+                flight.seqs.remove(seq)
+            flight.deleting.difference_update(doomed)
+            for message in fresh:
+                flight.ids.pop(message.id, None)
+            done.set()
+
+        return pending, others, settle
 
     async def latest(self, conversation_id: str, limit: int) -> list[Message]:
         conv = self._conversation(conversation_id)

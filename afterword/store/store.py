@@ -24,6 +24,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -97,6 +98,21 @@ class StoreStatistics:
     wal_commits: int
     wal_fsyncs: int
     wal_bytes: int
+
+
+class PendingCommit:
+    """A reserved transaction (see :meth:`RecordStore.reserve`)."""
+
+    __slots__ = ("batch", "lsn", "store")
+
+    def __init__(self, store: RecordStore, lsn: int, batch: Any) -> None:
+        self.store = store
+        self.lsn = lsn
+        self.batch = batch
+
+    async def wait(self) -> int:
+        """Return the lsn once the transaction is durable and applied."""
+        return await self.store._complete(self)
 
 
 class RecordStore:
@@ -287,19 +303,32 @@ class RecordStore:
         """
         await self._gate.acquire()  # a checkpoint's drain and roll briefly hold commits
         self._gate.release()
+        return await self.reserve(mutations, expect=expect).wait()
+
+    def reserve(
+        self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
+    ) -> PendingCommit:
+        """Queue a transaction without awaiting: its lsn is assigned now, and later
+        expectations see it as in flight. ``await pending.wait()`` makes it durable.
+
+        Lets a caller hold its own lock only while it decides what to write, and wait for the
+        fsync outside it, so concurrent writers of one logical sequence share a group commit.
+        """
         ops = self._prepare(mutations, expect)
-        payload = encode_tx(ops)
-        lsn, batch = self._wal.reserve(payload)
+        lsn, batch = self._wal.reserve(encode_tx(ops))
         self._unapplied.append((lsn, ops))
         for op in ops:
             self._inflight[op.key] = (lsn, op.value is not None)
+        return PendingCommit(self, lsn, batch)
+
+    async def _complete(self, pending: PendingCommit) -> int:
         try:
-            await self._wal.wait(batch)
+            await self._wal.wait(pending.batch)
         finally:
             self._apply_durable()
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
             await self._auto_checkpoint()
-        return lsn
+        return pending.lsn
 
     def transact_sync(
         self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
