@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from afterword.disk import OsDisk, StateRoot
+from afterword.disk import NoSyncDisk, StateRoot
 from afterword.store import Manifest, Put, RecordStore, StoreOptions
 from afterword.store.codec import RecordImage, encode_manifest, encode_record, record_file_name
 from afterword.store.store import MANIFEST, RECORDS
@@ -41,19 +41,6 @@ Fresh = Callable[[], str]  # the suites' ``fresh()`` directory factory
 
 class Closable(Protocol):
     def close(self) -> None: ...
-
-
-class NoSyncDisk(OsDisk):
-    """The production seam with every sync removed: for building fixtures only, never data."""
-
-    def fsync(self, fd: int) -> None:
-        return None
-
-    def fdatasync(self, fd: int) -> None:
-        return None
-
-    def fsync_dir(self, path: str) -> None:
-        return None
 
 
 def scratch_base(explicit: str | None = None) -> str:

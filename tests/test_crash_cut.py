@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from afterword.disk import OsDisk
+from afterword.disk import NoSyncDisk
 from afterword.store import Delete, Mutation, Put, RecordStore, StoreOptions
 from afterword.wal import WalOptions
 from afterword.wal.frame import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
@@ -30,20 +30,6 @@ OPTIONS = StoreOptions(wal=WAL, auto_checkpoint=False, checkpoint_threads=1)
 RANDOM_CUTS = 60
 
 State = dict[str, tuple[int, bytes]]  # key -> (version lsn, value)
-
-
-class NoSyncDisk(OsDisk):
-    """The real seam minus flushes: this test makes its crashes by rewriting bytes, so the
-    fsyncs of the thousands of reopens below would only cost time."""
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fdatasync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
 
 
 DISK = NoSyncDisk()

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from afterword.disk import OsDisk
+from afterword.disk import NoSyncDisk
 from afterword.store import (
     Delete,
     Mutation,
@@ -34,20 +34,6 @@ OPTIONS = StoreOptions(wal=WAL, max_record_bytes=1024, checkpoint_threads=2)
 KEYS = ["a", "b", "c/1", "c/2", "d:x", "e"]
 
 Model = dict[str, tuple[int, bytes]]  # key -> (version lsn, value)
-
-
-class NoSyncDisk(OsDisk):
-    """The real seam minus flushes: the model here is about what a process sees and leaves
-    behind, not power loss (test_wal_log proves the fsync order, test_crash_cut the cuts)."""
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fdatasync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
 
 
 DISK = NoSyncDisk()

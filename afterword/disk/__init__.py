@@ -2,7 +2,7 @@
 
 from .errors import DiskError, DiskFailedError, DurabilityError, UnsafeStateError
 from .safe import DIR_MODE, FILE_MODE, FileHandle, StateRoot, is_temp_name
-from .seam import Disk, OsDisk
+from .seam import Disk, NoSyncDisk, OsDisk
 
 __all__ = [
     "DIR_MODE",
@@ -12,6 +12,7 @@ __all__ = [
     "DiskFailedError",
     "DurabilityError",
     "FileHandle",
+    "NoSyncDisk",
     "OsDisk",
     "StateRoot",
     "UnsafeStateError",

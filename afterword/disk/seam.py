@@ -131,3 +131,21 @@ class OsDisk:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class NoSyncDisk(OsDisk):
+    """Test and benchmark hook: the production seam with every flush removed.
+
+    Exported on purpose (as etcd exports its unsafe no-fsync option) so tests that make
+    their own crashes, and fixtures built for benchmarks, do not pay for fsyncs. Never use
+    it for data that must survive a power loss.
+    """
+
+    def fsync(self, fd: int) -> None:
+        return None
+
+    def fdatasync(self, fd: int) -> None:
+        return None
+
+    def fsync_dir(self, path: str) -> None:
+        return None
