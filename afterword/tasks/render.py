@@ -6,11 +6,18 @@ internal by ``meta.kind = "task_notification"``. Its body is a short fixed pream
 JSON object: ``task`` holds the journal's facts, ``untrusted_process_output`` holds what the
 process printed. JSON string escaping keeps the output inside its field whatever bytes it
 contains, so printed text cannot close the block, forge facts or pose as instructions.
+
+JSON itself leaves some line breaks raw: U+0085 (NEL), U+2028 and U+2029 are legal unescaped
+in a JSON string, yet ``str.splitlines``, Unicode line breaking and JavaScript all end a line
+there. :func:`json_one_line` escapes them (and the other C1 controls and DEL, which terminals
+act on), so the body stays one line for every common splitter.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import re
 
 import msgspec
 
@@ -59,6 +66,16 @@ class HandoffBody(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _json = msgspec.json.Encoder()
+# Characters JSON may leave raw that some splitter or terminal treats as a line break or a
+# control: DEL, the C1 controls (U+0085 NEL among them), LINE and PARAGRAPH SEPARATOR. JSON
+# already escapes everything below U+0020 (\n, \r, \v, \f, \x1c-\x1e ...).
+_RAW_BREAKS = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+def json_one_line(value: object) -> str:
+    """``value`` as JSON text that every common line splitter sees as exactly one line."""
+    text = _json.encode(value).decode()
+    return _RAW_BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 _notification_decoder = msgspec.json.Decoder(NotificationBody)
 
 NOTIFICATION_PREAMBLE = (
@@ -107,7 +124,7 @@ def render_notification(task: TaskRecord, excerpt: OutputExcerpt) -> Message:
     return Message(
         id=notification_id_for(facts.event_id),
         role="user",
-        content=NOTIFICATION_PREAMBLE + "\n" + _json.encode(body).decode(),
+        content=NOTIFICATION_PREAMBLE + "\n" + json_one_line(body),
         meta={
             "kind": NOTIFICATION_KIND,
             "internal": True,
@@ -132,7 +149,7 @@ def render_handoff(handoff_id: str, summary: str, refs: Sequence[TaskReference])
     """A compaction handoff: the summary, then the task references it must not drop."""
     content = summary
     if refs:
-        body = _json.encode(HandoffBody(task_references=tuple(refs))).decode()
+        body = json_one_line(HandoffBody(task_references=tuple(refs)))
         content = f"{summary}\n\n{HANDOFF_HEADER}\n{body}"
     return Message(
         id=handoff_id,
