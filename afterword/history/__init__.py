@@ -4,9 +4,10 @@ from .durable import DurableHistory, StoredMessage, conversation_digest
 from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
 from .message import Message, MetaValue, Role
 from .pairing import open_tool_calls, pairing_closed
-from .protocol import ConversationHistory
+from .protocol import BoundaryHistory, ConversationHistory
 
 __all__ = [
+    "BoundaryHistory",
     "ConversationHistory",
     "DurableHistory",
     "HistoryCorruptError",

@@ -28,6 +28,14 @@ from ..store import Delete, PendingCommit, Put, Record, RecordStore, RecordTooLa
 from ..wal import TransactionTooLarge
 from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
 from .message import Message
+from .pairing import open_tool_calls
+
+Guard = Callable[[Sequence[Message]], bool]
+"""Checked under the append lock with the conversation's tail, in-flight appends included."""
+
+
+class _Refused(Exception):
+    """A guarded append whose guard said no (internal)."""
 
 PREFIX = "history/"
 DIGEST_CHARS = 32
@@ -73,6 +81,7 @@ class _InFlight:
     """Appends of one conversation reserved in the store but not yet durable."""
 
     seqs: list[int] = field(default_factory=list)  # ascending
+    messages: dict[int, Message] = field(default_factory=dict)  # by seq, for boundary checks
     deleting: set[int] = field(default_factory=set)
     ids: dict[str, anyio.Event] = field(default_factory=dict)  # set when that append settles
 
@@ -187,6 +196,32 @@ class DurableHistory:
                 batch larger than ``max_messages``.
             MessageTooLargeError: the batch does not fit one record store transaction.
         """
+        await self._append(conversation_id, messages, None)
+
+    async def append_at_boundary(
+        self, conversation_id: str, messages: Sequence[Message], *, window: int = 256
+    ) -> bool:
+        """Append only while no tool call is open; False (nothing written) otherwise.
+
+        The check and the reservation are one step under the conversation's append lock, and
+        the check reads messages other appends have reserved but not yet made durable: they
+        come before this append in the log whatever order the fsyncs finish in. So a message
+        appended here can never land between a tool call and its result. ``window`` is how
+        many of the newest messages are read for the check.
+        """
+
+        def closed(tail: Sequence[Message]) -> bool:
+            return not open_tool_calls(tail)
+
+        try:
+            await self._append(conversation_id, messages, (window, closed))
+        except _Refused:
+            return False
+        return True
+
+    async def _append(
+        self, conversation_id: str, messages: Sequence[Message], guard: tuple[int, Guard] | None
+    ) -> None:
         batch: dict[str, Message] = {}
         for message in messages:
             _check_message(message)
@@ -203,7 +238,7 @@ class DurableHistory:
         async with self._lock(digest):
             for attempt in range(_CONFLICT_RETRIES):
                 try:
-                    reserved = self._reserve_locked(conversation_id, digest, batch)
+                    reserved = self._reserve_locked(conversation_id, digest, batch, guard)
                     break
                 except VersionConflict:
                     # Another writer bypassed the shared lock; wait for its commit to apply.
@@ -226,7 +261,8 @@ class DurableHistory:
             raise HistoryError(f"a concurrent append of message {missing[0]!r} did not commit")
 
     def _reserve_locked(
-        self, conversation_id: str, digest: str, batch: dict[str, Message]
+        self, conversation_id: str, digest: str, batch: dict[str, Message],
+        guard: tuple[int, Guard] | None,
     ) -> tuple[PendingCommit | None, list[anyio.Event], Callable[[], None]]:
         conv = self._conversation(conversation_id)
         held = conv.by_id if conv is not None else {}
@@ -236,6 +272,12 @@ class DurableHistory:
         if not fresh:
             return None, others, lambda: None
         applied = conv.seqs if conv is not None else []
+        if guard is not None:
+            window, check = guard
+            tail = [conv.by_seq[seq] for seq in applied[-window:]] if conv is not None else []
+            tail += [flight.messages[seq] for seq in flight.seqs]  # reserved: later in the log
+            if not check(tail[-window:]):
+                raise _Refused
         last = max(applied[-1] if applied else -1, flight.seqs[-1] if flight.seqs else -1)
         next_seq = last + 1
         new_seqs = [next_seq + offset for offset in range(len(fresh))]
@@ -257,6 +299,7 @@ class DurableHistory:
             raise MessageTooLargeError(str(exc)) from None
         done = anyio.Event()
         flight.seqs.extend(new_seqs)
+        flight.messages.update(zip(new_seqs, fresh, strict=True))
         flight.deleting.update(doomed)
         for message in fresh:
             flight.ids[message.id] = done
@@ -264,6 +307,7 @@ class DurableHistory:
         def settle() -> None:
             for seq in new_seqs:
                 flight.seqs.remove(seq)
+                flight.messages.pop(seq, None)
             flight.deleting.difference_update(doomed)
             for message in fresh:
                 flight.ids.pop(message.id, None)

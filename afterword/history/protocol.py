@@ -26,3 +26,14 @@ class ConversationHistory(Protocol):
     def has_message(self, conversation_id: str, message_id: str) -> bool:
         """Whether the conversation currently holds a message with this id."""
         ...
+
+
+class BoundaryHistory(ConversationHistory, Protocol):
+    """A history that can append only at a safe boundary, as one ordered step."""
+
+    async def append_at_boundary(
+        self, conversation_id: str, messages: Sequence[Message], *, window: int = 256
+    ) -> bool:
+        """Append ``messages`` only if no tool call is open, counting appends that are reserved
+        but not yet durable; returns False, writing nothing, if a call is open."""
+        ...

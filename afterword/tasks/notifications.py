@@ -11,7 +11,9 @@ A crash between 1 and 2 leaves a message that the journal does not know about ye
 without writing it again, and a plain retry of step 1 is a no-op for the same reason.
 
 A notification is only written while the session's tool-call pairing is closed: a message
-between an assistant's tool call and its tool result would corrupt the conversation.
+between an assistant's tool call and its tool result would corrupt the conversation. The check
+and the append are one ordered step of the history (:meth:`DurableHistory.append_at_boundary`),
+which counts messages other writers have reserved but not yet made durable.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ..history import ConversationHistory, open_tool_calls
+from ..history import BoundaryHistory
 from . import core
 from .journal import TaskJournal
 from .records import TaskRecord
@@ -46,7 +48,7 @@ class TaskNotifications:
     def __init__(
         self,
         journal: TaskJournal,
-        history: ConversationHistory,
+        history: BoundaryHistory,
         *,
         clock: Callable[[], float] = time.time,
         excerpt_bytes: int = DEFAULT_EXCERPT_BYTES,
@@ -69,17 +71,16 @@ class TaskNotifications:
         lock = self._locks.setdefault(session_id, anyio.Lock())
         async with lock:
             done = await self._reconcile(session_id)
-            tasks = self.journal.tasks(session_id)
-            if not any(core.eligible(t) for t in tasks):
-                return done
-            window = await self.history.latest(session_id, self.pairing_window)
-            ready = core.deliverable(tasks, open_tool_calls(window))
+            ready = core.deliverable(self.journal.tasks(session_id), set())
             if not ready:
                 return done
             messages = [
                 render_notification(t, self.journal.read_output_tail(t, self.excerpt_bytes)) for t in ready
             ]
-            await self.history.append(session_id, messages)
+            # The pairing check and the append are one step in the history, which also sees
+            # appends reserved but not yet durable (an assistant's tool call being written).
+            if not await self.history.append_at_boundary(session_id, messages, window=self.pairing_window):
+                return done
             if self.fault is not None:
                 await self.fault("notification_persisted")
             return done + await self._mark_delivered([t.task_id for t in ready])

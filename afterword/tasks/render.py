@@ -15,9 +15,8 @@ act on), so the body stays one line for every common splitter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import re
+from collections.abc import Sequence
 
 import msgspec
 
