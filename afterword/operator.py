@@ -15,7 +15,7 @@ from .config import Config
 from .continuations.capabilities import operator_token
 from .disk import StateRoot
 from .store.keys import derive_key
-from .store.store import SECRET, SECRET_BYTES
+from .store.loading import SECRET, SECRET_BYTES
 from .wire import HealthBody, ListResponse, StatusBody
 
 

@@ -10,6 +10,7 @@ from .errors import (
     StoreLockedError,
     VersionConflict,
 )
+from .readonly import StoreView, open_readonly
 from .store import (
     MAX_RECORD_BYTES,
     Delete,
@@ -41,5 +42,7 @@ __all__ = [
     "StoreLockedError",
     "StoreOptions",
     "StoreStatistics",
+    "StoreView",
     "VersionConflict",
+    "open_readonly",
 ]

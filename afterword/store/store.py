@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from ..disk import Disk, StateRoot, is_temp_name
+from ..disk import Disk, StateRoot
 from ..wal import WalOptions, WriteAheadLog
 from .codec import (
     FORMAT,
@@ -38,23 +38,17 @@ from .codec import (
     RecordImage,
     check_key,
     decode_manifest,
-    decode_record,
     decode_tx,
     encode_manifest,
     encode_record,
     encode_tx,
-    key_from_file_name,
     record_file_name,
 )
 from .errors import RecordTooLarge, StoreClosedError, StoreCorruptError, VersionConflict
+from .loading import MANIFEST, RECORDS, SECRET, SECRET_BYTES, WAL_DIR, load_record_files, record_names
 from .lock import OwnershipLock
 
 log = logging.getLogger("afterword.store")
-MANIFEST = "MANIFEST"
-SECRET = "secret"
-RECORDS = "records"
-WAL_DIR = "wal"
-SECRET_BYTES = 32
 MAX_RECORD_BYTES = 2 * 1024 * 1024
 
 Record = RecordImage
@@ -203,22 +197,13 @@ class RecordStore:
     def _load_records(self) -> None:
         # One listing serves both the temporary cleanup and the load (the directory can hold
         # tens of thousands of names; listing it is a visible part of the open).
-        names: list[str] = []
-        temporaries: list[str] = []
-        for name in self.root.listdir(RECORDS):
-            (temporaries if is_temp_name(name) else names).append(name)
+        names, temporaries = record_names(self.root)
         for name in temporaries:
             self.root.remove(f"{RECORDS}/{name}", sync_dir=False)
         if temporaries:
             self.root.sync_dir(RECORDS)
-        for name in names:
-            if not name.endswith(".rec"):
-                raise StoreCorruptError(f"{self.root.path(RECORDS)}/{name}: not a record file")
-        limit = self.options.max_record_bytes + 4096
-        for name, data in self.root.read_all(RECORDS, names, max_size=limit):
-            image = decode_record(data, name)
-            key_from_file_name(name)
-            self._records[image.key] = image
+        self._records = load_record_files(self.root, self.options.max_record_bytes, names)
+        for image in self._records.values():
             if image.blobs:  # Counter.update costs an ABC check even for an empty tuple
                 self._blob_refs.update(image.blobs)
 

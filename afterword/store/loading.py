@@ -1,0 +1,66 @@
+"""Reading a state directory's committed files: shared by recovery and read-only opens.
+
+Nothing here writes; each function applies the fail-closed rules of ``docs/storage-format.md``.
+"""
+
+from __future__ import annotations
+
+from ..disk import StateRoot, is_temp_name
+from .codec import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    RecordImage,
+    decode_manifest,
+    decode_record,
+    key_from_file_name,
+)
+from .errors import StoreCorruptError
+
+MANIFEST = "MANIFEST"
+SECRET = "secret"
+RECORDS = "records"
+WAL_DIR = "wal"
+SECRET_BYTES = 32
+
+
+def read_manifest(root: StateRoot) -> Manifest | None:
+    """The decoded MANIFEST, or None if there is none."""
+    if not root.exists(MANIFEST):
+        return None
+    return decode_manifest(root.read_file(MANIFEST, max_size=MAX_MANIFEST_BYTES))
+
+
+def read_secret(root: StateRoot) -> bytes | None:
+    """The 32-byte secret, or None if there is none."""
+    if not root.exists(SECRET):
+        return None
+    data = root.read_file(SECRET, max_size=SECRET_BYTES)
+    if len(data) != SECRET_BYTES:
+        raise StoreCorruptError(f"{root.path(SECRET)}: secret must be {SECRET_BYTES} bytes")
+    return data
+
+
+def record_names(root: StateRoot) -> tuple[list[str], list[str]]:
+    """``(record file names, temporaries)`` of ``records/``; anything else is corrupt."""
+    names: list[str] = []
+    temporaries: list[str] = []
+    for name in root.listdir(RECORDS):
+        (temporaries if is_temp_name(name) else names).append(name)
+    for name in names:
+        if not name.endswith(".rec"):
+            raise StoreCorruptError(f"{root.path(RECORDS)}/{name}: not a record file")
+    return names, temporaries
+
+
+def load_record_files(
+    root: StateRoot, max_record_bytes: int, names: list[str] | None = None
+) -> dict[str, RecordImage]:
+    """Every record file of ``records/`` decoded and checked (key, name, checksum)."""
+    if names is None:
+        names, _ = record_names(root)
+    records: dict[str, RecordImage] = {}
+    for name, data in root.read_all(RECORDS, names, max_size=max_record_bytes + 4096):
+        image = decode_record(data, name)
+        key_from_file_name(name)
+        records[image.key] = image
+    return records

@@ -1,0 +1,152 @@
+"""A read-only view of a state directory: no lock, no repair, no checkpoint, no writes.
+
+``open_readonly`` gives operator tools (``afterword tasks list``, ``afterword continuations
+doctor``) the committed records of a state directory, also while the host that owns it is
+running. It runs the same fail-closed checks as :meth:`RecordStore.open` (file rules, record
+and MANIFEST decoding, WAL chain rules, the evidence of loss), but never changes a byte: a
+torn or not yet durable tail of the log is left out instead of cut, temporaries are ignored
+instead of deleted, and nothing is created.
+
+Reading beside a live writer races with its checkpoints (records rewritten, MANIFEST
+replaced, segments reused) and its group commits; an inconsistent read is retried a few
+times and only damage that persists is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..disk import Disk, DiskError, StateRoot, UnsafeStateError
+from ..wal import WalError
+from ..wal.reader import read_chain
+from .codec import Manifest, Op, RecordImage, decode_tx
+from .errors import StoreCorruptError, StoreError
+from .loading import MANIFEST, RECORDS, WAL_DIR, load_record_files, read_manifest, read_secret
+from .store import StoreOptions
+
+Record = RecordImage
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """Committed records of a state directory as of one consistent read.
+
+    Read API compatible with :class:`RecordStore`: ``get``, ``items``, ``latest_version``,
+    ``len()``, ``in``, ``referenced_blobs``; plus ``manifest``, ``secret`` (``None`` while no
+    secret exists yet), ``lsn`` (the last transaction shown) and ``root`` (for blob reads).
+    """
+
+    root: StateRoot
+    manifest: Manifest
+    secret: bytes | None
+    lsn: int
+    records: dict[str, Record]
+
+    def get(self, key: str) -> Record | None:
+        return self.records.get(key)
+
+    def latest_version(self, key: str) -> int | None:
+        rec = self.records.get(key)
+        return rec.lsn if rec is not None else None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def items(self, prefix: str = "") -> Iterator[Record]:
+        """Records whose key starts with ``prefix`` (unordered)."""
+        for key, rec in self.records.items():
+            if key.startswith(prefix):
+                yield rec
+
+    def referenced_blobs(self) -> set[str]:
+        return {d for rec in self.records.values() for d in rec.blobs}
+
+    def close(self) -> None:
+        """Nothing to release (kept so callers can treat a view like a store)."""
+
+    def __enter__(self) -> StoreView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_readonly(
+    path: str,
+    *,
+    disk: Disk | None = None,
+    options: StoreOptions | None = None,
+    attempts: int = 4,
+) -> StoreView:
+    """Read the committed state at ``path`` without locking or changing it.
+
+    Raises ``UnsafeStateError`` (``missing`` when ``path`` is not a state directory) and
+    ``StoreCorruptError``/``WalCorruptError`` on damage, like :meth:`RecordStore.open`; an
+    empty state directory (no MANIFEST, no records) reads as empty. Safe to call while
+    another process owns the directory: reads that a concurrent checkpoint or commit made
+    inconsistent are retried up to ``attempts`` times.
+    """
+    options = options or StoreOptions()
+    root = StateRoot(os.path.abspath(path), disk, create=False)
+    for attempt in range(attempts):
+        before = _manifest_bytes(root)
+        try:
+            return _read(root, options)
+        except (StoreError, WalError, DiskError):
+            # Damage persists across re-reads; a live writer's changes do not. Retry when the
+            # MANIFEST moved under us or while attempts remain (a commit racing our reads).
+            if attempt + 1 >= attempts:
+                raise
+            if _manifest_bytes(root) == before:
+                time.sleep(0.02 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _manifest_bytes(root: StateRoot) -> bytes | None:
+    try:
+        return root.read_file(MANIFEST, max_size=1024 * 1024)
+    except (DiskError, OSError):
+        return None
+
+
+def _read(root: StateRoot, options: StoreOptions) -> StoreView:
+    secret = read_secret(root)
+    manifest = read_manifest(root)
+    if manifest is None:
+        if root.exists(RECORDS) and any(not n.startswith(".") for n in root.listdir(RECORDS)):
+            raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
+        manifest = Manifest(generation="", checkpoint_lsn=0, wal_start_seq=1, record_count=0)
+        records: dict[str, Record] = {}
+    else:
+        if not root.exists(RECORDS):
+            raise UnsafeStateError(root.path(RECORDS), "missing")
+        records = load_record_files(root, options.max_record_bytes)
+    frames, _ = read_chain(
+        root,
+        WAL_DIR,
+        start_seq=manifest.wal_start_seq,
+        checkpoint_lsn=manifest.checkpoint_lsn,
+        max_payload=options.wal.max_payload,
+    )
+    lsn = manifest.checkpoint_lsn
+    for frame in frames:
+        _apply(records, frame.lsn, decode_tx(frame.payload).ops)
+        lsn = frame.lsn
+    return StoreView(root=root, manifest=manifest, secret=secret, lsn=lsn, records=records)
+
+
+def _apply(records: dict[str, Record], lsn: int, ops: tuple[Op, ...]) -> None:
+    for op in ops:
+        old = records.get(op.key)
+        if old is not None and old.lsn >= lsn:
+            continue  # an older after-image than the record file: idempotent skip
+        if op.value is None:
+            records.pop(op.key, None)
+        else:
+            records[op.key] = RecordImage(op.key, lsn, op.value, op.blobs)

@@ -1,0 +1,45 @@
+"""Read the live chain of a log without changing anything (no repair, no lock).
+
+Used by read-only opens of a state directory, possibly while its owner is writing: a torn
+or still-unsynced tail is simply left out, and nothing on disk is touched.
+"""
+
+from __future__ import annotations
+
+from ..disk import StateRoot
+from .frame import SEGMENT_HEADER_SIZE, Frame
+from .scan import SegmentImage, scan_chain
+
+SEGMENT_SUFFIX = ".seg"
+
+
+def read_segment_images(root: StateRoot, rel_dir: str) -> list[SegmentImage]:
+    """Every ``NNNNNNNN.seg`` slot of ``rel_dir`` as bytes (read-only descriptors)."""
+    images: list[SegmentImage] = []
+    if not root.exists(rel_dir):
+        return images
+    for name in root.listdir(rel_dir):
+        if not name.endswith(SEGMENT_SUFFIX) or name.startswith("."):
+            continue
+        slot = int(name[: -len(SEGMENT_SUFFIX)])
+        handle = root.open_file(f"{rel_dir}/{name}")
+        try:
+            size = root.disk.fstat(handle.fd).st_size
+            data = root.pread(handle, size, 0) if size >= SEGMENT_HEADER_SIZE else b""
+        finally:
+            root.close(handle)
+        images.append(SegmentImage(slot, data))
+    return images
+
+
+def read_chain(
+    root: StateRoot, rel_dir: str, *, start_seq: int, checkpoint_lsn: int, max_payload: int
+) -> tuple[list[Frame], list[SegmentImage]]:
+    """The frames a recovery would replay, and the segment images they came from.
+
+    Raises ``WalCorruptError`` on damage a crash cannot explain, exactly as recovery would;
+    a torn tail that recovery would cut is left out here.
+    """
+    images = read_segment_images(root, rel_dir)
+    plan = scan_chain(images, start_seq=start_seq, checkpoint_lsn=checkpoint_lsn, max_payload=max_payload)
+    return plan.frames, images
