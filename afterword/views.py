@@ -32,7 +32,7 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
             origin_context="scrubbed",
             mode=rec.claim.mode,
             kind=rec.claim.kind,
-            attempts=AttemptsBody(synthesis=0, delivery=0),
+            attempts=AttemptsBody(synthesis=rec.attempts.synthesis, delivery=rec.attempts.delivery),
             last_error=error_body(rec.last_error),
             receipt=receipt_body(rec.receipt),
             completion_kind=rec.completion_kind,

@@ -153,3 +153,25 @@ async def test_snapshot_blob_swept_after_compaction(tmp_path: Path) -> None:
         assert digest not in service.blobs
         assert not (Path(config.state_dir) / "blobs" / digest).exists()
         assert service.status(cid, claim["resultToken"]).origin_context == "scrubbed"
+
+
+async def test_tombstones_keep_attempt_counts(tmp_path: Path) -> None:
+    """Compaction keeps the real synthesis/delivery attempts in status and list."""
+    config = load(write_config(tmp_path))
+    now = [int(time.time() * 1000)]
+    async with afterword.open_service(
+        config, environ=ENV, clock_ms=lambda: now[0], serve_http=False
+    ) as service:
+        cid = await settle(service, "daily-attention", "posted", {"summary": "posted once"})
+        live = service.repo.get(cid)
+        assert live is not None and live.attempts.synthesis == 1 and live.attempts.delivery == 1
+        now[0] += 10
+        compacted, _, _ = await service.apply_retention()
+        assert compacted == 1 and service.repo.tombstone(cid) is not None
+        from afterword.continuations.capabilities import result_token
+
+        status = service.status(cid, result_token(service._k_result, cid))
+        assert status.compacted
+        assert (status.attempts.synthesis, status.attempts.delivery) == (1, 1)
+        (item,) = [i for i in service.list_continuations().items if i.continuation_id == cid]
+        assert item.compacted and (item.attempts.synthesis, item.attempts.delivery) == (1, 1)

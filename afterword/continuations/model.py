@@ -138,6 +138,8 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     receipt: Receipt | None
     terminal_at_ms: int
     last_error: ErrorInfo | None = None
+    # Tombstones written before attempts were kept decode with zeros (their counts are lost).
+    attempts: Attempts = Attempts()
 
 
 class Activation(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,6 +52,7 @@ def tombstone_of(rec: Continuation) -> Tombstone:
         receipt=rec.receipt,
         terminal_at_ms=terminal_at,
         last_error=rec.last_error,
+        attempts=rec.attempts,
     )
 
 
