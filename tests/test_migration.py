@@ -265,3 +265,40 @@ def test_terminal_legacy_records_answer_repeated_claims_and_results(tmp_path: Pa
             assert conflict.status_code == 409
 
     anyio.run(run)
+
+
+def test_migration_preflights_retention_tombstones(tmp_path: Path) -> None:
+    """open_state runs the retention preflight: a tombstone that would not fit the store's
+    per-record limit fails the migration before the fence or any record is written."""
+    from afterword.store import StoreOptions
+
+    config, state = setup(tmp_path)
+    many_ids = [f"1700000000.{i:06d}" for i in range(800)]
+    big = record("big", "delivered", receipt={"deliveredAt": "2026-11-01T10:05:00.000Z", "deliveryIds": many_ids})
+    write_v1(state, [big, record("small", "dead_lettered")])
+    store = RecordStore.open(config.state_dir, options=StoreOptions(max_record_bytes=8 * 1024))
+    try:
+        with pytest.raises(MigrationError, match=r"'big': its retention tombstone of \d+ bytes exceeds"):
+            open_state(store, config)
+    finally:
+        store.close()
+    _nothing_published(state, config)
+
+
+def test_migrated_delivery_retry_is_scheduled_and_delivered(tmp_path: Path) -> None:
+    """A legacy delivery_retry record gets a due next-attempt time and the worker delivers it
+    without an operator."""
+    config, state = setup(tmp_path)
+    write_v1(state, [record("waiting", "delivery_retry", text="answer waiting for a retry")])
+
+    async def run() -> None:
+        async with afterword.open_service(config, environ=ENV, serve_http=False) as service:
+            (rec,) = service.repo.live()
+            with anyio.fail_after(10):
+                while (cur := service.repo.get(rec.id)) is not None and cur.state != "delivered":
+                    await anyio.sleep(0.02)
+
+    anyio.run(run)
+    assert [line["text"] for line in outbox_lines(config)] == ["answer waiting for a retry"]
+    (rec,) = migrate(config).values()
+    assert rec.state == "delivered" and rec.attempts.delivery == 1

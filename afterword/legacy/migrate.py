@@ -108,18 +108,7 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
         legacy += read_v2(root)
         sources.append("v2")
     normalized = merge([normalize(rec, ids_key=ids_key, mac_key=mac_key) for rec in legacy])
-    r = config.retention
-    plan_retention(
-        normalized.values(),
-        (),
-        max((c.updated_at_ms for c in normalized.values()), default=0),
-        RetentionLimits(
-            r.terminal_max_records,
-            r.terminal_max_age_ms,
-            r.captured_text_max_records,
-            r.captured_text_max_age_ms,
-        ),
-    )
+    preflight_retention(normalized, config, max_record_bytes=store.options.max_record_bytes)
     step("preflighted")
 
     # Phase 2: the fence, before anything legacy becomes v3 state.
@@ -146,11 +135,15 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
     return report
 
 
-def preflight_retention(normalized: dict[str, Continuation], config: Config) -> None:
+def preflight_retention(
+    normalized: dict[str, Continuation], config: Config, *, max_record_bytes: int = MAX_RECORD_BYTES
+) -> None:
     """Run the configured retention on a copy and size-check what it would write.
 
     Retention never shrinks an oversized migration: every normalized record was already
-    checked against the per-record limit; this checks the tombstones retention would create.
+    checked against the per-record limit; this checks the tombstones retention would create
+    against the limit of the store they will be written to. Raises ``MigrationError`` before
+    anything (the fence included) is written.
     """
     r = config.retention
     now = max((c.updated_at_ms for c in normalized.values()), default=0)
@@ -160,8 +153,11 @@ def preflight_retention(normalized: dict[str, Continuation], config: Config) -> 
     plan = plan_retention(normalized.values(), (), now, limits)
     for cid in plan.compact:
         size = len(encode(tombstone_of(normalized[cid])))
-        if size > MAX_RECORD_BYTES:
-            raise MigrationError(f"legacy record {cid}: its tombstone of {size} bytes exceeds the v3 limit")
+        if size > max_record_bytes:
+            raise MigrationError(
+                f"legacy record {normalized[cid].legacy_id!r}: its retention tombstone of {size} bytes "
+                f"exceeds the per-record limit {max_record_bytes}"
+            )
 
 
 class Fence:

@@ -97,6 +97,9 @@ def normalize(rec: LegacyRecord, *, ids_key: bytes, mac_key: bytes) -> Continuat
         else None,
         receipt=receipt,
         last_error=error,
+        # Legacy formats kept no retry schedule; a retry that was waiting is due at once (the
+        # legacy update time is past), or it would wait for an operator forever.
+        next_attempt_at_ms=updated if state == "delivery_retry" else None,
         updated_at_ms=updated,
         terminal_at_ms=updated if state in TERMINAL else None,
         legacy=True,
