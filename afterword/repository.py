@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import blake3
 
+from .continuations.errors import ContinuationError
 from .continuations.health import ACTIVE
 from .continuations.model import (
     Activation,
@@ -24,11 +25,22 @@ from .continuations.model import (
     decode_tombstone,
     encode,
 )
-from .store import Delete, Mutation, Put, Record, RecordStore
+from .store import Delete, Mutation, Put, Record, RecordStore, StoreCorruptError
 
 LIVE = "c/"
 TOMB = "t/"
 ACTIVATION = "a/"
+
+Watcher = Callable[[str, Record | None, Record | None], None]
+
+
+class IndexCorrupt(ContinuationError, StoreCorruptError):
+    """A stored continuation record could not be indexed: the in-memory index no longer
+    matches durable state, so every use of the repository fails closed until the state
+    directory is inspected and reopened."""
+
+    status = 500
+    code = "state_corrupt"
 
 
 def origin_key(rec: Continuation) -> str:
@@ -47,20 +59,44 @@ class Repository:
         self.store = store
         self._live: dict[str, Continuation] = {}
         self._tombs: dict[str, Tombstone] = {}
-        self.state_counts: Counter[str] = Counter()
-        self.origin_active: Counter[str] = Counter()
-        self.history_unrecorded = 0
+        self._state_counts: Counter[str] = Counter()
+        self._origin_active: Counter[str] = Counter()
+        self._history_unrecorded = 0
         self._order: list[tuple[int, str]] = []
-        store.watch(LIVE, self._on_live)
-        store.watch(TOMB, self._on_tomb)
+        self._corrupt: IndexCorrupt | None = None
+        self._loading = True
+        # A bad record already stored raises here, so the service does not open over it.
+        store.watch(LIVE, self._guard(self._on_live))
+        store.watch(TOMB, self._guard(self._on_tomb))
+        self._loading = False
+
+    def _guard(self, fn: Watcher) -> Watcher:
+        def watcher(key: str, old: Record | None, new: Record | None) -> None:
+            try:
+                fn(key, old, new)
+            except Exception as exc:
+                err = IndexCorrupt(f"continuation record {key!r} cannot be indexed: {type(exc).__name__}")
+                if self._loading:
+                    raise err from None
+                # Raising inside the store's apply loop would be logged and swallowed there and
+                # leave its memory half-applied; refuse every later use instead.
+                if self._corrupt is None:
+                    self._corrupt = err
+
+        return watcher
+
+    def check(self) -> None:
+        """Raise :class:`IndexCorrupt` once a committed record could not be indexed."""
+        if self._corrupt is not None:
+            raise self._corrupt
 
     # -- index maintenance -------------------------------------------------------------------
     def _account(self, rec: Continuation, sign: int) -> None:
-        self.state_counts[rec.state] += sign
+        self._state_counts[rec.state] += sign
         if rec.state in ACTIVE:
-            self.origin_active[origin_key(rec)] += sign
+            self._origin_active[origin_key(rec)] += sign
         if rec.state == "delivered" and rec.receipt is not None and not rec.receipt.history_recorded:
-            self.history_unrecorded += sign
+            self._history_unrecorded += sign
 
     def _on_live(self, key: str, old: Record | None, new: Record | None) -> None:
         cid = key[len(LIVE) :]
@@ -80,13 +116,13 @@ class Repository:
         cid = key[len(TOMB) :]
         prev = self._tombs.pop(cid, None)
         if prev is not None:
-            self.state_counts[prev.state] -= 1
+            self._state_counts[prev.state] -= 1
             if new is None:
                 self._order_remove(prev.claim.created_at_ms, cid)
         if new is not None:
             tomb = decode_tombstone(new.value)
             self._tombs[cid] = tomb
-            self.state_counts[tomb.state] += 1
+            self._state_counts[tomb.state] += 1
             if prev is None and cid not in self._live:
                 bisect.insort(self._order, (tomb.claim.created_at_ms, cid))
 
@@ -100,32 +136,55 @@ class Repository:
             del self._order[i]
 
     # -- reads -------------------------------------------------------------------------------
+    @property
+    def state_counts(self) -> Counter[str]:
+        self.check()
+        return self._state_counts
+
+    @property
+    def origin_active(self) -> Counter[str]:
+        self.check()
+        return self._origin_active
+
+    @property
+    def history_unrecorded(self) -> int:
+        self.check()
+        return self._history_unrecorded
+
     def get(self, cid: str) -> Continuation | None:
+        self.check()
         return self._live.get(cid)
 
     def tombstone(self, cid: str) -> Tombstone | None:
+        self.check()
         return self._tombs.get(cid)
 
     def tombstones(self) -> Iterable[Tombstone]:
+        self.check()
         return list(self._tombs.values())
 
     def version(self, cid: str) -> int | None:
+        self.check()
         rec = self.store.get(LIVE + cid)
         return rec.lsn if rec is not None else None
 
     def live(self) -> Iterable[Continuation]:
+        self.check()
         return list(self._live.values())
 
     @property
     def active_total(self) -> int:
-        return sum(self.state_counts[s] for s in ACTIVE)
+        self.check()
+        return sum(self._state_counts[s] for s in ACTIVE)
 
     def activation(self, run_id: str) -> Activation | None:
+        self.check()
         rec = self.store.get(activation_key(run_id))
         return decode_activation(rec.value) if rec is not None else None
 
     def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[Continuation | Tombstone], bool]:
         """Up to ``limit`` records after the keyset position, and whether more remain."""
+        self.check()
         start = 0 if after is None else bisect.bisect_right(self._order, after)
         out: list[Continuation | Tombstone] = []
         i = start

@@ -27,6 +27,7 @@ from ..continuations.model import Continuation, Receipt, canonical_claim
 from ..continuations.rules import is_actionable
 from ..continuations.snapshot import MAX_MESSAGES, decode_snapshot
 from ..disk import DiskError
+from ..repository import IndexCorrupt
 from ..service import ContinuationService
 from ..store import VersionConflict
 from .channels import Channel, ChunkDelivery, ChunkReceipt, split_chunks
@@ -120,6 +121,7 @@ class Worker:
             task_status.started()
             last_scan = 0.0
             last_retention = anyio.current_time()
+            corrupt_reported = False
             while not self._stopping:
                 if anyio.current_time() - last_retention >= self.retention_interval_s:
                     last_retention = anyio.current_time()
@@ -129,7 +131,14 @@ class Worker:
                 full = now - last_scan >= SCAN_INTERVAL_S
                 if full:
                     last_scan = now
-                self._dispatch(tg, full)
+                try:
+                    self._dispatch(tg, full)
+                except IndexCorrupt as exc:
+                    # Fail closed: no work is started from an index that no longer matches
+                    # durable state; health and every request report it until a restart.
+                    if not corrupt_reported:
+                        log.error("worker stopped dispatching: %s", exc)
+                        corrupt_reported = True
                 with anyio.move_on_after(SCAN_INTERVAL_S):
                     await self.service.work_available.wait()
             with anyio.move_on_after(self.drain_seconds):
