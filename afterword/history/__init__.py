@@ -2,7 +2,7 @@
 
 from .durable import DurableHistory, StoredMessage, conversation_digest
 from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
-from .message import Message, MetaValue, Role
+from .message import Message, MetaValue, Role, ToolCall
 from .pairing import open_tool_calls, pairing_closed
 from .protocol import BoundaryHistory, ConversationHistory
 
@@ -18,6 +18,7 @@ __all__ = [
     "MetaValue",
     "Role",
     "StoredMessage",
+    "ToolCall",
     "conversation_digest",
     "open_tool_calls",
     "pairing_closed",

@@ -96,6 +96,8 @@ def _check_message(message: Message) -> None:
         raise InvalidMessageError(f"message {message.id!r}: a tool message needs tool_call_id")
     if message.tool_calls and message.role != "assistant":
         raise InvalidMessageError(f"message {message.id!r}: only an assistant message opens tool calls")
+    if not all(message.call_ids()):
+        raise InvalidMessageError(f"message {message.id!r}: a tool call needs a non-empty id")
 
 
 class DurableHistory:

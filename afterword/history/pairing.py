@@ -20,7 +20,7 @@ def open_tool_calls(messages: Iterable[Message]) -> set[str]:
     opened: set[str] = set()
     for message in messages:
         if message.role == "assistant":
-            opened.update(message.tool_calls)
+            opened.update(message.call_ids())
         elif message.role == "tool" and message.tool_call_id is not None:
             opened.discard(message.tool_call_id)
     return opened

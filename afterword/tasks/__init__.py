@@ -2,7 +2,7 @@
 kept as three separate durable facts (spec: task-notifications)."""
 
 from .compaction import Compaction
-from .coordinator import ExecutionCoordinator, WakeResult
+from .coordinator import ExecutionCoordinator, HostTurn, WakeResult
 from .core import (
     HANDOFF_KIND,
     NOTIFICATION_KIND,
@@ -30,6 +30,7 @@ from .records import (
 from .render import NotificationBody, OutputExcerpt, parse_notification, render_notification
 from .supervisor import ProcessSupervisor
 from .toolcalls import ToolCallProcessor
+from .toolloop import ToolExecutor, ToolResult, TurnResult, tool_result_id
 from .turns import ModelStep, TaskTurnHook, TurnOutcome, TurnRunner
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "ExecutionCoordinator",
     "FaultHook",
     "GoalState",
+    "HostTurn",
     "InvalidTransition",
     "ModelStep",
     "NotificationBody",
@@ -59,7 +61,10 @@ __all__ = [
     "TaskState",
     "TaskTurnHook",
     "ToolCallProcessor",
+    "ToolExecutor",
+    "ToolResult",
     "TurnOutcome",
+    "TurnResult",
     "TurnRunner",
     "UnknownTaskError",
     "WakeResult",
@@ -71,4 +76,5 @@ __all__ = [
     "notification_id_for",
     "parse_notification",
     "render_notification",
+    "tool_result_id",
 ]

@@ -1,6 +1,13 @@
-"""``ExecutionCoordinator``: wakes an idle session for one turn when a task needs the model.
+"""``ExecutionCoordinator``: every model step of a session, one at a time, and the tool loop.
 
-Per session there is one lock; a turn (user or automatic) holds it. A wake:
+Every model step - a user's turn, the continuation after tool results, an automatic wake -
+runs under the session's step lock (:meth:`TurnRunner.lock`), held for a whole turn:
+
+    model step -> tool calls? -> run them (the host's :class:`ToolExecutor`) -> commit the
+    results -> model step -> ... until the model answers without a tool call.
+
+:meth:`ExecutionCoordinator.user_turn` runs a turn for user input; hosts with a tool loop of
+their own hold the lock through :meth:`ExecutionCoordinator.turn` instead. A wake:
 
 1. returns ``busy`` at once if a turn holds the lock - the running turn delivers at its end,
    and the wake is repeated after it;
@@ -9,7 +16,8 @@ Per session there is one lock; a turn (user or automatic) holds it. A wake:
    automatic turn may run: not while a tool call waits for its result, not while
    interrupted, not while the goal is paused or blocked, not after model retries ran out,
    and only if a delivered notification waits to be consumed;
-4. runs exactly one turn.
+4. runs exactly one turn, tool loop included, so its tool calls are answered like a user
+   turn's and never stay open.
 
 :meth:`ExecutionCoordinator.run` is the background loop: it turns journal changes (a terminal
 state, a committed tool result) into wakes, repeats wakes that found the session busy, and
@@ -20,36 +28,65 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..history import Message
+from ..history import Message, ToolCall, open_tool_calls
 from . import core
 from .journal import TaskJournal
 from .notifications import TaskNotifications
 from .records import GoalState, SessionControl, TaskRecord
-from .turns import TurnOutcome, TurnRunner
+from .toolcalls import ToolCallProcessor
+from .toolloop import ToolExecutor, ToolResult, TurnResult, tool_result_message
+from .turns import TurnOutcome, TurnRunner, describe_error
+
+DEFAULT_MAX_TOOL_ROUNDS = 16
+INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
 
 
 class WakeResult(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str
     ran: bool
     reason: str
-    outcome: TurnOutcome | None = None
+    outcome: TurnResult | None = None
 
 
 def default_retry_delay(failures: int) -> float:
     return float(min(2**failures, 60))
 
 
+class HostTurn:
+    """A turn a host drives itself, holding the session's step lock (see ``coordinator.turn``)."""
+
+    def __init__(self, coordinator: ExecutionCoordinator, session_id: str) -> None:
+        self.coordinator = coordinator
+        self.session_id = session_id
+
+    async def step(self, user_message: Message | None = None) -> TurnOutcome:
+        """One model step (the first with the user's message, later ones after tool results)."""
+        return await self.coordinator.runner.step(self.session_id, user_message)
+
+    async def commit_tool_result(
+        self, result: Message, *, reported_terminal: Collection[str] = ()
+    ) -> list[TaskRecord]:
+        return await self.coordinator.processor.commit_tool_result(
+            self.session_id, result, reported_terminal=reported_terminal
+        )
+
+
 class ExecutionCoordinator:
-    """Serializes turns per session and drives automatic continuation.
+    """Serializes model steps per session, runs the tool loop and drives automatic continuation.
 
     Args:
+        tools: the host's tool executor; without one, a turn stops at the first tool call and
+            returns it in ``TurnResult.open_calls`` for the host to answer.
+        processor: commits tool results (one over the runner's history by default).
+        max_tool_rounds: tool rounds one turn may run before it stops and reports open calls.
         retry_delay: seconds before retrying a failed automatic step, by failure count.
     """
 
@@ -59,30 +96,32 @@ class ExecutionCoordinator:
         notifications: TaskNotifications,
         runner: TurnRunner,
         *,
+        tools: ToolExecutor | None = None,
+        processor: ToolCallProcessor | None = None,
+        max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
         clock: Callable[[], float] = time.time,
         retry_delay: Callable[[int], float] = default_retry_delay,
     ) -> None:
         self.journal = journal
         self.notifications = notifications
         self.runner = runner
+        self.tools = tools
+        self.processor = processor or ToolCallProcessor(journal, runner.history, clock=clock)
+        self.max_tool_rounds = max_tool_rounds
         self.clock = clock
         self.retry_delay = retry_delay
-        self._locks: dict[str, anyio.Lock] = {}
         self._rewake: set[str] = set()
         self._auto_scopes: dict[str, anyio.CancelScope] = {}
         self._send: MemoryObjectSendStream[str] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
-    def _lock(self, session_id: str) -> anyio.Lock:
-        return self._locks.setdefault(session_id, anyio.Lock())
-
     def busy(self, session_id: str) -> bool:
-        return self._lock(session_id).locked()
+        return self.runner.busy(session_id)
 
     # -- turns -------------------------------------------------------------------------------
     async def wake(self, session_id: str) -> WakeResult:
         """Deliver what is ready and, if allowed and needed, run exactly one automatic turn."""
-        lock = self._lock(session_id)
+        lock = self.runner.lock(session_id)
         if lock.locked():
             self._rewake.add(session_id)
             return WakeResult(session_id=session_id, ran=False, reason="busy")
@@ -100,7 +139,7 @@ class ExecutionCoordinator:
                     return WakeResult(session_id=session_id, ran=False, reason=decision.reason)
                 with anyio.CancelScope() as scope:
                     self._auto_scopes[session_id] = scope
-                    outcome = await self.runner.run_turn(session_id)
+                    outcome = await self._turn(session_id, None)
                     return WakeResult(
                         session_id=session_id, ran=True, reason=decision.reason, outcome=outcome
                     )
@@ -109,13 +148,81 @@ class ExecutionCoordinator:
                 self._auto_scopes.pop(session_id, None)
                 self._after_turn(session_id)
 
-    async def user_turn(self, session_id: str, message: Message) -> TurnOutcome:
-        """Run one turn for new user input (waits for a running turn to finish)."""
-        async with self._lock(session_id):
+    async def user_turn(self, session_id: str, message: Message) -> TurnResult:
+        """Run one turn for new user input, tool loop included (waits for a running turn)."""
+        if message.role != "user":
+            raise ValueError("user_message must have role 'user'")
+        async with self.runner.lock(session_id):
             try:
-                return await self.runner.run_turn(session_id, message)
+                return await self._turn(session_id, message)
             finally:
                 self._after_turn(session_id)
+
+    @asynccontextmanager
+    async def turn(self, session_id: str) -> AsyncIterator[HostTurn]:
+        """Hold the session for a turn the host drives itself (its own tool loop).
+
+        No other model step of the session - automatic or not - runs until the block ends::
+
+            async with coordinator.turn(session) as turn:
+                outcome = await turn.step(user_message)
+                ...run the tools, then turn.commit_tool_result(...) for each...
+                outcome = await turn.step()
+        """
+        async with self.runner.lock(session_id):
+            try:
+                yield HostTurn(self, session_id)
+            finally:
+                self._after_turn(session_id)
+
+    async def _turn(self, session_id: str, user_message: Message | None) -> TurnResult:
+        steps = [await self.runner.step(session_id, user_message)]
+        results: list[Message] = []
+        open_calls: list[ToolCall] = []
+        while steps[-1].succeeded:
+            open_calls = await self._unanswered(session_id, steps[-1])
+            if not open_calls or self.tools is None or len(steps) > self.max_tool_rounds:
+                break
+            results += await self._answer(session_id, open_calls)
+            open_calls = []
+            steps.append(await self.runner.step(session_id, None))
+        return TurnResult(
+            session_id=session_id, steps=tuple(steps), tool_results=tuple(results),
+            open_calls=tuple(open_calls),
+        )
+
+    async def _unanswered(self, session_id: str, outcome: TurnOutcome) -> list[ToolCall]:
+        window = await self.runner.history.latest(session_id, self.runner.context_limit)
+        still_open = open_tool_calls(window)
+        return [c for reply in outcome.replies for c in reply.calls() if c.id in still_open]
+
+    async def _answer(self, session_id: str, calls: list[ToolCall]) -> list[Message]:
+        """Run each call and commit its result; a cancelled loop still closes every call."""
+        assert self.tools is not None
+        written: list[Message] = []
+        try:
+            for call in calls:
+                try:
+                    result = await self.tools(session_id, call)
+                except Exception as exc:  # the tool failed: the model is told, the loop goes on
+                    result = ToolResult(content=f"The tool failed: {describe_error(exc)}", is_error=True)
+                message = tool_result_message(call, result)
+                await self.processor.commit_tool_result(
+                    session_id, message, reported_terminal=result.reported_terminal
+                )
+                written.append(message)
+        finally:
+            answered = {m.tool_call_id for m in written}
+            left = [c for c in calls if c.id not in answered]
+            if left:
+                # Interrupted or failed midway: an unanswered call would block the session.
+                with anyio.CancelScope(shield=True):
+                    for call in left:
+                        await self.processor.commit_tool_result(
+                            session_id,
+                            tool_result_message(call, ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)),
+                        )
+        return written
 
     def _after_turn(self, session_id: str) -> None:
         if session_id in self._rewake:

@@ -7,6 +7,11 @@ ready notifications at the boundary before the step, reads the context since the
 compaction handoff, calls the model, appends the replies, marks what the model saw
 ``consumed``, and delivers again at the boundary after the step.
 
+Model steps of one session never overlap: every step runs under the session's step lock
+(:meth:`TurnRunner.lock`). :meth:`TurnRunner.run_turn` takes it for one step; the
+``ExecutionCoordinator`` holds it for a whole turn (model, tools, model ...) and calls
+:meth:`TurnRunner.step` inside.
+
 ``delivered`` proves only that a notification is in the session. ``consumed`` is written after
 the model step succeeded and its replies are durable. A failed step leaves the tasks
 unconsumed with ``continuation_error`` set, so a later turn or a compaction still carries them.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+import anyio
 import msgspec
 
 from ..history import ConversationHistory, Message, open_tool_calls
@@ -34,8 +40,11 @@ MAX_ERROR_CHARS = 500
 
 
 class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What one model step did."""
+
     session_id: str
     succeeded: bool
+    replies: tuple[Message, ...] = ()  # what the model produced, as appended
     seen: tuple[str, ...] = ()  # task ids whose terminal facts were in the context
     consumed: tuple[str, ...] = ()
     delivered: tuple[str, ...] = ()  # notifications written at this turn's boundaries
@@ -100,6 +109,17 @@ class TurnRunner:
         self.context_limit = context_limit
         self.max_model_failures = max_model_failures
         self.hook = TaskTurnHook(journal, clock=clock)
+        self._locks: dict[str, anyio.Lock] = {}
+
+    def lock(self, session_id: str) -> anyio.Lock:
+        """The session's step lock: whoever holds it is the only one running model steps."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = anyio.Lock()
+        return lock
+
+    def busy(self, session_id: str) -> bool:
+        return self.lock(session_id).locked()
 
     async def context(self, session_id: str) -> list[Message]:
         return context_since_handoff(await self.history.latest(session_id, self.context_limit))
@@ -117,7 +137,15 @@ class TurnRunner:
         return bool(open_tool_calls(await self.history.latest(session_id, self.context_limit)))
 
     async def run_turn(self, session_id: str, user_message: Message | None = None) -> TurnOutcome:
-        """One model step. New user input lifts interruption and the retry stop first."""
+        """One model step under the session's step lock (waits for a running step or turn)."""
+        async with self.lock(session_id):
+            return await self.step(session_id, user_message)
+
+    async def step(self, session_id: str, user_message: Message | None = None) -> TurnOutcome:
+        """One model step; the caller holds :meth:`lock`. New user input lifts interruption
+        and the retry stop first."""
+        if not self.lock(session_id).locked():
+            raise RuntimeError("TurnRunner.step needs the session's step lock; use run_turn")
         delivered = [t.task_id for t in await self.notifications.deliver(session_id)]
         if user_message is not None:
             if user_message.role != "user":
@@ -127,7 +155,7 @@ class TurnRunner:
         context = await self.context(session_id)
         seen = [t.task_id for t in self.hook.seen(session_id, context)]
         try:
-            replies = await self.model_step(session_id, context)
+            replies = tuple(await self.model_step(session_id, context))
             await self.history.append(session_id, list(replies))
         except Exception as exc:  # the model or its reply failed; cancellation propagates
             error = describe_error(exc)
@@ -141,8 +169,8 @@ class TurnRunner:
         await self._finished(session_id, None)
         delivered += [t.task_id for t in await self.notifications.deliver(session_id)]
         return TurnOutcome(
-            session_id=session_id, succeeded=True, seen=tuple(seen), consumed=tuple(consumed),
-            delivered=tuple(delivered),
+            session_id=session_id, succeeded=True, replies=replies, seen=tuple(seen),
+            consumed=tuple(consumed), delivered=tuple(delivered),
         )
 
     async def _finished(self, session_id: str, error: str | None) -> None:
