@@ -39,7 +39,14 @@ def read_operator_token(config: Config) -> str:
 class OperatorClient:
     def __init__(self, config: Config, token: str, *, timeout_s: float = 10.0) -> None:
         self._base = config.base_url
-        self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+        # trust_env=False: the operator credential is restart-stable and all-powerful, so it must
+        # go only to the loopback service, never to a proxy named in HTTP_PROXY/ALL_PROXY.
+        self._client = httpx.Client(
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {token}"},
+            trust_env=False,
+            follow_redirects=False,
+        )
 
     def __repr__(self) -> str:
         return f"<OperatorClient {self._base}>"

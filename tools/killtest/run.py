@@ -163,7 +163,7 @@ class _Producers:
                 self.results.add(claim["continuationId"])
 
     def _worker(self) -> None:
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=10, trust_env=False) as client:
             while not self.stop.is_set():
                 with self.lock:
                     index = self.next
@@ -209,7 +209,7 @@ def run_killtest(
 
 
 def _check(server: _Server, load: _Producers, seed: int, kills: int) -> KillReport:
-    client = httpx.Client(timeout=10)
+    client = httpx.Client(timeout=10, trust_env=False)
     statuses: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     end = time.monotonic() + 60
