@@ -19,6 +19,32 @@ from .worker.channels import OutboxChannel as OutboxAdapter
 _line = msgspec.json.Encoder()
 
 
+class JsonLineFormatter(logging.Formatter):
+    """Every log record as one JSON object on one line.
+
+    Messages can carry text a client chose (a path, a header); JSON string escaping turns
+    every newline and control character into an escape, so no request can start a log line
+    of its own, such as a forged state-change event."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        event: dict[str, object] = {
+            "ts": round(record.created, 3),
+            "event": "log",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            event["exc"] = self.formatException(record.exc_info)
+        return _line.encode(event).decode()
+
+
+def log_handler() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLineFormatter())
+    return handler
+
+
 def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
     """One structured log line per state change: ids and states only (no token, payload or text)."""
     event = {
@@ -37,7 +63,20 @@ def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
 
 
 async def serve(config: Config, outbox: str | None = None) -> int:
-    logging.getLogger("afterword").setLevel(logging.WARNING)
+    root = logging.getLogger("afterword")
+    root.setLevel(logging.WARNING)
+    handler = log_handler()
+    root.addHandler(handler)
+    # Not also through the CLI's plain root handler, which would print the raw message.
+    propagate, root.propagate = root.propagate, False
+    try:
+        return await _serve(config, outbox)
+    finally:
+        root.removeHandler(handler)
+        root.propagate = propagate
+
+
+async def _serve(config: Config, outbox: str | None) -> int:
     channels = None
     if outbox is not None:
         channels = {

@@ -341,8 +341,13 @@ class ContinuationService:
             raise Conflict("this task key was already claimed with a different deadline")
         return self._claim_response(existing)
 
-    async def detached_claim(self, service_name: str, token: str, req: DetachedClaimRequest) -> ClaimResponse:
-        """A claim by a configured detached service on a configured named route."""
+    def authenticate_claim(self, token: str) -> None:
+        """Refuse a claim token that this service never issued, before its body is read."""
+        if parse_claim_token(self._k_claim, token) is None:
+            raise Unauthorized("a valid claim capability is required")
+
+    def authenticate_detached(self, service_name: str, token: str) -> None:
+        """Refuse an unknown detached service or a wrong token (checked from headers alone)."""
         service = self.config.detached_services.get(service_name)
         if service is None:
             raise Unauthorized("unknown detached service or wrong token")
@@ -352,6 +357,14 @@ class ContinuationService:
             raise Unauthorized("unknown detached service or wrong token") from None
         if not verify_bearer(expected, token):
             raise Unauthorized("unknown detached service or wrong token")
+
+    def authenticate_result(self, cid: str, token: str) -> None:
+        """Refuse a result token not minted for ``cid`` (checked before the body is read)."""
+        self._check_result_token(cid, token)
+
+    async def detached_claim(self, service_name: str, token: str, req: DetachedClaimRequest) -> ClaimResponse:
+        """A claim by a configured detached service on a configured named route."""
+        self.authenticate_detached(service_name, token)
         route = self.config.named_routes.get(req.route)
         if route is None:
             raise Forbidden("route is not a configured named route")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from ..wire import (
     ResultRequest,
     RetryRequest,
 )
+from .strictjson import check_body
 
 log = logging.getLogger("afterword.http")
 T = TypeVar("T")
@@ -37,11 +39,16 @@ _HTTP_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "invalid_request",
+    408: "timeout",
     409: "conflict",
     410: "closed",
     413: "too_large",
+    414: "too_large",
     429: "admission_limit",
+    431: "too_large",
 }
+BODY_TIMEOUT_S = 10.0
+"""A request body must arrive in full within this many seconds of the handler asking for it."""
 
 
 def json_response(body: object, status: int = 200) -> Response:
@@ -75,12 +82,41 @@ def _decode(kind: type[T], data: bytes) -> T:
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise InvalidRequest("Content-Type must be application/json")
+    check_body(data)
     try:
         return _decoders[kind].decode(data)  # type: ignore[no-any-return]
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid body: {exc}") from None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         raise InvalidRequest("body is not valid JSON") from None
+
+
+_ASCII_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+def query_int(name: str) -> int | None:
+    """A non-negative integer query parameter written in ASCII digits only.
+
+    ``str.isdigit`` also accepts superscripts and other scripts' digits, which ``int`` then
+    either rejects (a 500) or reads as a number nobody typed."""
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    if not _ASCII_DIGITS.fullmatch(raw):
+        raise InvalidRequest(f"{name} must be a positive integer in ASCII digits")
+    return int(raw)
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str]:
+    """The Host header values a loopback service answers to: the loopback names of the family
+    it listens on, with or without its port. Anything else is a DNS-rebinding attempt (a
+    browser page whose name now resolves to 127.0.0.1) or a misdirected request."""
+    names = {host.lower()}
+    if ":" in host:
+        names = {f"[{host}]", "[::1]"}
+    else:
+        names |= {"localhost", "127.0.0.1"}
+    return frozenset(names | {f"{name}:{port}" for name in names})
 
 
 def create_app(service: ContinuationService) -> Quart:
@@ -88,6 +124,14 @@ def create_app(service: ContinuationService) -> Quart:
     app = Quart("afterword.http", root_path=os.path.dirname(os.path.abspath(__file__)))
     app.config["MAX_CONTENT_LENGTH"] = MAX_RESULT_BODY + 4096
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
+    hosts = allowed_hosts(service.config.host, service.config.port)
+
+    @app.before_request
+    async def _check_host() -> None:
+        host = request.headers.get("Host", "").strip().lower()
+        if host not in hosts:
+            raise InvalidRequest("the Host header does not name this loopback service")
 
     @app.errorhandler(ContinuationError)
     async def _domain_error(exc: ContinuationError) -> Response:
@@ -100,12 +144,15 @@ def create_app(service: ContinuationService) -> Quart:
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:
-        log.error("unexpected error handling %s %s: %s", request.method, request.path, type(exc).__name__)
+        # The rule, not the raw path: a path is attacker-chosen text.
+        rule = request.url_rule.rule if request.url_rule is not None else "?"
+        log.error("unexpected error handling %s %s: %s", request.method, rule, type(exc).__name__)
         return error_response(500, "internal", "internal error")
 
     @app.post("/v1/continuations/claim")
     async def claim() -> Response:
         token = _bearer()
+        service.authenticate_claim(token)  # from headers: no body is read for a stranger
         req = _decode(ClaimRequest, await _body(MAX_CLAIM_BODY))
         return json_response(await service.claim(token, req))
 
@@ -115,12 +162,14 @@ def create_app(service: ContinuationService) -> Quart:
         name = request.headers.get("X-Mono-Agent-Service-Name", "")
         if not name:
             raise Unauthorized("X-Mono-Agent-Service-Name is required")
+        service.authenticate_detached(name, token)
         req = _decode(DetachedClaimRequest, await _body(MAX_CLAIM_BODY))
         return json_response(await service.detached_claim(name, token, req))
 
     @app.route("/v1/continuations/<cid>/result", methods=["PUT", "POST"])
     async def result(cid: str) -> Response:
         token = _bearer()
+        service.authenticate_result(cid, token)
         data = await _body(MAX_RESULT_BODY)
         req = _decode(ResultRequest, data)
         return json_response(await service.submit_result(cid, token, req, len(data)))
@@ -136,12 +185,7 @@ def create_app(service: ContinuationService) -> Quart:
     @app.get("/v1/operator/continuations")
     async def op_list() -> Response:
         _operator()
-        raw_limit = request.args.get("limit")
-        limit: int | None = None
-        if raw_limit is not None:
-            if not raw_limit.isdigit():
-                raise InvalidRequest("limit must be a positive integer")
-            limit = int(raw_limit)
+        limit = query_int("limit")
         return json_response(service.list_continuations(limit=limit, cursor=request.args.get("cursor")))
 
     @app.get("/v1/operator/health")
