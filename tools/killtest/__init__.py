@@ -1,5 +1,6 @@
 """SIGKILL `afterword serve` under a bounded loopback load and check nothing was lost or doubled."""
 
-from .run import KillReport, run_killtest
+from .run import PLANTS, run_killtest
+from .verdict import KillReport, report_json
 
-__all__ = ["KillReport", "run_killtest"]
+__all__ = ["PLANTS", "KillReport", "report_json", "run_killtest"]

@@ -1,22 +1,58 @@
-"""python -m tools.killtest [--kills N] [--continuations N] [--threads N] [--seed S] [--json PATH]"""
+"""python -m tools.killtest [--soak] [--kills N] [--continuations N] [--threads N] [--seed S] [--json PATH]
+
+Exit status 0 when the verdict is ok, 1 when it is not.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .run import report_json, run_killtest
+from .run import PLANTS, run_killtest
+from .verdict import report_json
+
+# The published soak (docs/crash-testing.md): 1,000 kills; the continuation count is a cap,
+# the load ends with the last kill.
+SOAK = {"kills": 1000, "continuations": 1_000_000, "threads": 4}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.killtest", description=__doc__)
-    parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--continuations", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument(
+        "--soak", action="store_true", help=f"the 1,000-kill soak ({SOAK}); flags below override"
+    )
+    parser.add_argument("--kills", type=int)
+    parser.add_argument("--continuations", type=int, help="cap on the claims the load makes")
+    parser.add_argument("--threads", type=int, help="producer threads")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--terminal-max-records", type=int, help="the service's retention limit")
+    parser.add_argument(
+        "--observe-rate", type=float, default=50.0, help="status polls per second during the run"
+    )
+    parser.add_argument("--plant", choices=PLANTS, help="corrupt the state after the first kill (must fail)")
+    parser.add_argument(
+        "--interval", default="0.2,1.2", help="LO,HI: seconds the service runs between a restart and a kill"
+    )
     parser.add_argument("--json", help="also write the report to this file")
     args = parser.parse_args(argv)
-    report = run_killtest(kills=args.kills, continuations=args.continuations, threads=args.threads, seed=args.seed)
+    base = dict(SOAK) if args.soak else {"kills": 5, "continuations": 300, "threads": 4}
+    for name in ("kills", "continuations", "threads"):
+        if getattr(args, name) is not None:
+            base[name] = getattr(args, name)
+    lo, _, hi = args.interval.partition(",")
+    try:
+        interval = (float(lo), float(hi or lo))
+    except ValueError:
+        parser.error(f"--interval wants LO,HI in seconds, not {args.interval!r}")
+    report = run_killtest(
+        **base,
+        seed=args.seed,
+        terminal_max_records=args.terminal_max_records,
+        observe_rate=args.observe_rate,
+        plant=args.plant,
+        interval=interval,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     text = report_json(report)
     print(text)
     if args.json:

@@ -2,14 +2,15 @@
 
 Producers claim on a detached named route and submit one result per claim, retrying on
 connection errors (both requests are idempotent). An operation counts as acknowledged once
-the service answered 200. After the last restart the load stops, the service drains, and the
-checks run:
+the service answered 200. After the last restart the producers finish what they started,
+the service drains, every acknowledged claim's status is read and ``verdict.judge`` decides
+(lost, duplicated, stuck, evicted with evidence, phantom receipts). A service that will not
+start again after a kill fails the run.
 
-- lost: an acknowledged claim the service no longer knows, or an acknowledged result whose
-  continuation still shows no result;
-- duplicated: an outbox delivery key that appears more than once;
-- stuck: a continuation that is neither terminal nor able to progress;
-- health: the health verdict must agree with the state counts.
+A *plant* corrupts the state directory behind the service's back after the first kill, so
+the checker is seen to catch it: ``delete-record`` deletes the record file of a claim that
+has no result (the service must either refuse to start or have lost it), ``refuse-start``
+leaves a stray file among the record files (the store refuses to open).
 """
 
 from __future__ import annotations
@@ -25,37 +26,23 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from .observe import RssSampler, StatusObserver
+from .verdict import TERMINAL, KillReport, Outbox, Seen, expected_health, judge, percentiles
+
 TOKEN = "killtest-detached-token-0123456789"
-TERMINAL = {"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"}
+PLANTS = ("delete-record", "refuse-start")
+PLANT_KEY = "plant-00000"
 
 
-@dataclass
-class KillReport:
-    seed: int
-    kills: int
-    continuations: int
-    acknowledged_claims: int
-    acknowledged_results: int
-    lost: int
-    duplicated: int
-    stuck: int
-    states: dict[str, int] = field(default_factory=dict)
-    health: str = ""
-    health_consistent: bool = True
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0 and self.stuck == 0 and self.health_consistent
+class ServiceRefused(RuntimeError):
+    """`afterword serve` exited or never listened after a (re)start."""
 
 
 def _free_port() -> int:
@@ -74,6 +61,12 @@ class _Server:
         self.base = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.env = {**os.environ, "KILLTEST_TOKEN": TOKEN}
+        self.killed_at: float | None = None
+        self.recovery_ms: list[float] = []  # SIGKILL sent -> the restarted service answers
+
+    def pid(self) -> int | None:
+        proc = self.proc
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def start(self) -> None:
         log = open(self.root / "serve.log", "ab")  # noqa: SIM115 - owned by the child
@@ -83,51 +76,67 @@ class _Server:
             stderr=log,
             env=self.env,
         )
-        end = time.monotonic() + 30
+        end = time.monotonic() + 60
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError("afterword serve exited during start; see serve.log")
+                raise ServiceRefused(
+                    f"afterword serve exited with {self.proc.returncode}: {self._log_tail()}"
+                )
             try:
-                httpx.get(self.base + "/v1/operator/health", timeout=1)
-                return
+                httpx.get(self.base + "/v1/operator/health", timeout=1, trust_env=False)
             except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("afterword serve did not start")
+                time.sleep(0.02)
+                continue
+            if self.killed_at is not None:
+                self.recovery_ms.append((time.monotonic() - self.killed_at) * 1000)
+                self.killed_at = None
+            return
+        self.proc.kill()
+        raise ServiceRefused("afterword serve did not listen within 60 s")
+
+    def _log_tail(self) -> str:
+        lines = (self.root / "serve.log").read_text(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else "(no output)"
 
     def kill(self) -> None:
         assert self.proc is not None
+        self.killed_at = time.monotonic()
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
     def stop(self) -> int:
         assert self.proc is not None
+        if self.proc.poll() is not None:
+            return self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=60)
 
 
-def _write_config(root: Path, port: int) -> None:
+def _write_config(root: Path, port: int, terminal_max_records: int | None) -> None:
     os.chmod(root, 0o700)
-    doc = {
-        "continuations": {
-            "port": port,
-            "stateDir": "state",
-            "namedRoutes": {"load": {"mode": "notify_if_actionable", "conversationId": "load:room"}},
-            "detachedServices": [{"name": "loadgen", "tokenEnv": "KILLTEST_TOKEN"}],
-        }
+    section: dict[str, Any] = {
+        "port": port,
+        "stateDir": "state",
+        "namedRoutes": {"load": {"mode": "notify_if_actionable", "conversationId": "load:room"}},
+        "detachedServices": [{"name": "loadgen", "tokenEnv": "KILLTEST_TOKEN"}],
     }
-    (root / "afterword.json").write_text(json.dumps(doc))
+    if terminal_max_records is not None:
+        section["retention"] = {"terminalMaxRecords": terminal_max_records}
+    (root / "afterword.json").write_text(json.dumps({"continuations": section}))
 
 
 class _Producers:
-    def __init__(self, base: str, total: int, threads: int) -> None:
+    def __init__(self, base: str, total: int, threads: int, observer: StatusObserver) -> None:
         self.base = base
         self.total = total
         self.threads = threads
+        self.observer = observer
         self.lock = threading.Lock()
         self.next = 0
         self.claims: dict[str, dict[str, Any]] = {}  # task key -> acknowledged claim response
         self.results: set[str] = set()  # continuation ids whose result was acknowledged
-        self.stop = threading.Event()
+        self.closing = threading.Event()  # take no new task; finish the one in hand
+        self.stop = threading.Event()  # give up retrying
         self.deadline = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
     def _call(self, client: httpx.Client, method: str, url: str, **kw: Any) -> httpx.Response | None:
@@ -139,8 +148,7 @@ class _Producers:
                 time.sleep(0.05)
         return None
 
-    def _one(self, client: httpx.Client, index: int) -> None:
-        key = f"job-{index:05d}"
+    def claim(self, client: httpx.Client, key: str) -> dict[str, Any] | None:
         r = self._call(
             client,
             "POST",
@@ -149,22 +157,31 @@ class _Producers:
             json={"route": "load", "taskKey": key, "taskHash": "h-" + key, "deadline": self.deadline},
         )
         if r is None or r.status_code != 200:
-            return
-        claim = r.json()
+            return None
+        claim: dict[str, Any] = r.json()
         with self.lock:
             self.claims[key] = claim
+        return claim
+
+    def _one(self, client: httpx.Client, index: int) -> None:
+        key = f"job-{index:06d}"
+        claim = self.claim(client, key)
+        if claim is None:
+            return
         payload = {"summary": f"finished {key}"}
         body = {"idempotencyKey": "r-" + key, "payloadHash": _payload_hash(payload), "payload": payload}
+        token = claim["resultToken"]
         r = self._call(
-            client, "PUT", claim["resultUrl"], headers={"Authorization": "Bearer " + claim["resultToken"]}, json=body
+            client, "PUT", claim["resultUrl"], headers={"Authorization": "Bearer " + token}, json=body
         )
         if r is not None and r.status_code == 200:
             with self.lock:
                 self.results.add(claim["continuationId"])
+            self.observer.watch(claim["continuationId"], claim["statusUrl"], token)
 
     def _worker(self) -> None:
         with httpx.Client(timeout=10, trust_env=False) as client:
-            while not self.stop.is_set():
+            while not self.closing.is_set():
                 with self.lock:
                     index = self.next
                     self.next += 1
@@ -180,97 +197,175 @@ class _Producers:
 
 
 def run_killtest(
-    *, kills: int = 5, continuations: int = 300, threads: int = 4, seed: int | None = None, workdir: str | None = None
+    *,
+    kills: int = 5,
+    continuations: int = 300,
+    threads: int = 4,
+    seed: int | None = None,
+    workdir: str | None = None,
+    terminal_max_records: int | None = None,
+    observe_rate: float = 50.0,
+    plant: str | None = None,
+    interval: tuple[float, float] = (0.2, 1.2),
+    progress: Any = None,
 ) -> KillReport:
-    """Run the kill test; every run is reproducible in its kill schedule from ``seed``."""
+    """Run the kill test; the kill schedule is reproducible from ``seed``.
+
+    ``continuations`` caps the load; the load also ends once the kills are done.
+    ``terminal_max_records`` sets the service's retention limit (small values make
+    retention evict during a short run). ``interval`` bounds the seconds the service runs
+    between a restart and the next kill (drawn uniformly). ``progress`` is called with a line now and then.
+    """
+    if plant is not None and plant not in PLANTS:
+        raise ValueError(f"unknown plant {plant!r} (expected one of {', '.join(PLANTS)})")
     seed = seed if seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     began = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="afterword-killtest-", dir=workdir))
     port = _free_port()
-    _write_config(root, port)
+    _write_config(root, port, terminal_max_records)
     server = _Server(root, port)
+    observer = StatusObserver(rate=observe_rate)
+    rss = RssSampler(server.pid)
+    load = _Producers(server.base, continuations, threads, observer)
+    refused: str | None = None
     server.start()
-    load = _Producers(server.base, continuations, threads)
+    rss.start()
+    observer.start()
+    if plant is not None:
+        with httpx.Client(timeout=10, trust_env=False) as client:
+            if load.claim(client, PLANT_KEY) is None:
+                raise RuntimeError("the planted claim was not acknowledged")
+    load_began = time.monotonic()
     workers = load.run()
     done_kills = 0
-    while done_kills < kills and any(t.is_alive() for t in workers):
-        time.sleep(rng.uniform(0.2, 1.2))
-        server.kill()
-        done_kills += 1
-        server.start()
+    try:
+        while done_kills < kills and any(t.is_alive() for t in workers):
+            time.sleep(rng.uniform(*interval))
+            server.kill()
+            done_kills += 1
+            if plant is not None and done_kills == 1:
+                _plant(plant, root, load.claims[PLANT_KEY]["continuationId"])
+            server.start()
+            if progress is not None and done_kills % 50 == 0:
+                progress(f"{done_kills} kills, {len(load.claims)} claims, {time.monotonic() - began:.0f} s")
+    except ServiceRefused as exc:
+        refused = f"after kill {done_kills}: {exc}"
+    load_seconds = time.monotonic() - load_began
+    load.closing.set()
+    if refused is not None:
+        load.stop.set()  # nothing will answer: stop retrying at once
     for t in workers:
         t.join(timeout=120)
     load.stop.set()
-    report = _check(server, load, seed, done_kills)
-    server.stop()
-    report.seconds = round(time.monotonic() - began, 2)
-    return report
-
-
-def _check(server: _Server, load: _Producers, seed: int, kills: int) -> KillReport:
-    client = httpx.Client(timeout=10, trust_env=False)
-    statuses: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    end = time.monotonic() + 60
-    pending = dict(load.claims)
-    while pending and time.monotonic() < end:  # let the worker drain
-        for key, claim in list(pending.items()):
-            r = client.get(claim["statusUrl"], headers={"Authorization": "Bearer " + claim["resultToken"]})
-            if r.status_code != 200:
-                continue
-            body = r.json()
-            statuses[key] = body
-            if body["state"] in TERMINAL or (body["state"] == "claimed" and body["continuationId"] not in load.results):
-                del pending[key]
-        if pending:
-            time.sleep(0.2)
-    lost = 0
-    for key, claim in load.claims.items():
-        st = statuses.get(key)
-        if st is None:
-            lost += 1
-            problems.append(f"claim {key} acknowledged but unknown")
-        elif claim["continuationId"] in load.results and st["state"] == "claimed":
-            lost += 1
-            problems.append(f"result of {key} acknowledged but not recorded")
-    lines = []
-    outbox = server.root / "outbox.jsonl"
-    if outbox.exists():
-        lines = [json.loads(line) for line in outbox.read_text().splitlines() if line.strip()]
-    keys = Counter(line["deliveryKey"] for line in lines)
-    duplicated = sum(n - 1 for n in keys.values() if n > 1)
-    states = Counter(st["state"] for st in statuses.values())
-    stuck = sum(1 for key in pending if load.claims[key]["continuationId"] in load.results)
-    if stuck:
-        problems.append(f"{stuck} continuation(s) with a result never reached a terminal state")
-    token = _operator_token(server.root)
-    health = client.get(server.base + "/v1/operator/health", headers={"Authorization": "Bearer " + token}).json()
-    expected = (
-        "unhealthy"
-        if states.get("dead_lettered") or states.get("delivery_unknown")
-        else "degraded"
-        if any(s not in TERMINAL for s in states.elements()) or states.get("expired")
-        else "healthy"
-    )
-    consistent = health["status"] == expected
-    if not consistent:
-        problems.append(f"health {health['status']} but the states say {expected}")
-    client.close()
-    return KillReport(
+    observer.stop()
+    report = KillReport(
         seed=seed,
-        kills=kills,
+        kills=done_kills,
         continuations=len(load.claims),
         acknowledged_claims=len(load.claims),
         acknowledged_results=len(load.results),
-        lost=lost,
-        duplicated=duplicated,
-        stuck=stuck,
-        states=dict(states),
-        health=health["status"],
-        health_consistent=consistent,
-        problems=problems,
+        refused_start=refused,
     )
+    if refused is not None:
+        report.problem("the service refused to start " + refused)
+        judge(report, {}, set(), {}, {}, _read_outbox(root), ())
+    else:
+        _check(report, server, load, observer)
+        server.stop()
+    rss.stop()
+    report.kills_per_minute = round(done_kills / (load_seconds / 60), 1) if load_seconds else 0.0
+    report.continuations_per_kill = round(len(load.claims) / done_kills, 1) if done_kills else 0.0
+    report.recovery_ms = percentiles(server.recovery_ms)
+    report.rss_mib = rss.summary()
+    report.load_seconds = round(load_seconds, 1)
+    report.seconds = round(time.monotonic() - began, 1)
+    return report
+
+
+def _plant(kind: str, root: Path, cid: str) -> None:
+    """Corrupt the state while the service is down (see the module docstring)."""
+    state = root / "state"
+    if kind == "refuse-start":
+        (state / "records" / "stray.rec").write_bytes(b"not a record")
+        os.chmod(state / "records" / "stray.rec", 0o600)
+        return
+    from afterword.store import RecordStore
+
+    # The claim may still live only in the log: checkpoint so it has a record file to lose.
+    with RecordStore.open(str(state)) as store:
+        store.checkpoint_sync()
+    (state / "records" / (("c/" + cid).encode().hex() + ".rec")).unlink()
+
+
+def _read_outbox(root: Path) -> Outbox:
+    path = root / "outbox.jsonl"
+    if not path.exists():
+        return Outbox()
+    return Outbox.of(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+
+
+def _check(report: KillReport, server: _Server, load: _Producers, observer: StatusObserver) -> None:
+    local = threading.local()
+
+    def read(claim: dict[str, Any]) -> Seen | int | None:
+        """The status now: Seen, None for 404, or the unexpected HTTP status."""
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(timeout=10, trust_env=False)
+        for _ in range(50):
+            try:
+                r = local.client.get(
+                    claim["statusUrl"], headers={"Authorization": "Bearer " + claim["resultToken"]}
+                )
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            if r.status_code == 200:
+                return Seen.of(r.json())
+            return None if r.status_code == 404 else int(r.status_code)
+        return 599
+
+    final: dict[str, Seen | None] = {}
+    pending = dict(load.claims)
+    quiet_until = time.monotonic() + 60  # give up once no record progressed for this long
+    with ThreadPoolExecutor(4) as pool:
+        while pending and time.monotonic() < quiet_until:
+            keys = list(pending)
+            progressed = False
+            for key, st in zip(keys, pool.map(read, (pending[k] for k in keys)), strict=True):
+                if isinstance(st, int):
+                    report.problem(f"{key}: status answered HTTP {st}")
+                    continue
+                if final.get(key, 0) != st:
+                    progressed = True
+                final[key] = st
+                cid = load.claims[key]["continuationId"]
+                if st is None or st.state in TERMINAL or (st.state == "claimed" and cid not in load.results):
+                    del pending[key]
+            if progressed:
+                quiet_until = time.monotonic() + 60
+            if pending:
+                time.sleep(0.2)
+    claims = {key: claim["continuationId"] for key, claim in load.claims.items()}
+    unread = [k for k in claims if k not in final]
+    for key in unread:
+        report.lost += 1  # never read: the checker cannot vouch for it
+        report.problem(f"{key}: status could not be read")
+    for key in unread:
+        claims.pop(key)
+    judge(report, claims, load.results, final, observer.seen, _read_outbox(server.root), pending)
+    token = _operator_token(server.root)
+    health = httpx.get(
+        server.base + "/v1/operator/health",
+        headers={"Authorization": "Bearer " + token},
+        timeout=10,
+        trust_env=False,
+    ).json()
+    report.health = health["status"]
+    expected = expected_health(report.states)
+    report.health_consistent = report.health == expected
+    if not report.health_consistent:
+        report.problem(f"health {report.health} but the states say {expected}")
 
 
 def _operator_token(root: Path) -> str:
@@ -278,7 +373,3 @@ def _operator_token(root: Path) -> str:
     from afterword.operator import read_operator_token
 
     return read_operator_token(load_config(root / "afterword.json", check_secrets=False))
-
-
-def report_json(report: KillReport) -> str:
-    return json.dumps({**asdict(report), "ok": report.ok}, indent=2)
