@@ -307,11 +307,13 @@ def _read_outbox(root: Path) -> Outbox:
 
 def _check(report: KillReport, server: _Server, load: _Producers, observer: StatusObserver) -> None:
     local = threading.local()
+    clients: list[httpx.Client] = []
 
     def read(claim: dict[str, Any]) -> Seen | int | None:
         """The status now: Seen, None for 404, or the unexpected HTTP status."""
         if not hasattr(local, "client"):
             local.client = httpx.Client(timeout=10, trust_env=False)
+            clients.append(local.client)
         for _ in range(50):
             try:
                 r = local.client.get(
@@ -346,6 +348,8 @@ def _check(report: KillReport, server: _Server, load: _Producers, observer: Stat
                 quiet_until = time.monotonic() + 60
             if pending:
                 time.sleep(0.2)
+    for client in clients:
+        client.close()
     claims = {key: claim["continuationId"] for key, claim in load.claims.items()}
     unread = [k for k in claims if k not in final]
     for key in unread:
