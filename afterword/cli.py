@@ -120,7 +120,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for item in page.items:
         table.add_row(
             item.continuation_id,
-            item.state,
+            # Sticky warning: posting it again needs retry --allow-unknown.
+            item.state + (" (unproven post)" if item.post_unproven else ""),
             item.origin_context,
             item.mode,
             item.server_name + (f" ({item.route})" if item.route else ""),

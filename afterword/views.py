@@ -41,6 +41,7 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
             created_at=format_ms(rec.claim.created_at_ms),
             updated_at=format_ms(rec.terminal_at_ms),
             compacted=True,
+            post_unproven=rec.post_unproven,
         )
     return StatusBody(
         continuation_id=rec.id,
@@ -56,6 +57,7 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
         expires_at=format_ms(rec.claim.deadline_ms),
         created_at=format_ms(rec.claim.created_at_ms),
         updated_at=format_ms(rec.updated_at_ms or rec.claim.created_at_ms),
+        post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
     )
 
 
@@ -74,4 +76,5 @@ def list_item(rec: Continuation | Tombstone) -> ListItem:
         created_at=s.created_at,
         updated_at=s.updated_at,
         compacted=s.compacted,
+        post_unproven=s.post_unproven,
     )

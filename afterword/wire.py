@@ -72,6 +72,7 @@ class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     created_at: str
     updated_at: str
     compacted: bool = False
+    post_unproven: bool = False  # an earlier post's outcome was never proven (sticky)
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +92,7 @@ class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     created_at: str
     updated_at: str
     compacted: bool
+    post_unproven: bool = False
 
 
 class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

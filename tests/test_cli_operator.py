@@ -63,15 +63,19 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
         st = server.wait_state(hung, "delivery_unknown")
         assert st["lastError"]["code"] == "delivery_timeout"
         code, _, err = cli(server, "continuations", "retry", hung["continuationId"])
-        assert code == 1 and "unknown" in err
+        assert code == 1 and "unknown" in err and "--allow-unknown" in err
         assert hook.count(":hang") == 1
 
-        # not-delivered holds it for an explicit retry (no automatic attempt)
+        # not-delivered holds it for an explicit retry (no automatic attempt), and that retry
+        # still needs the unsafe opt-in: the verdict does not erase the unproven post
         code, out, _ = cli(server, "continuations", "resolve", hung["continuationId"], "not-delivered")
         assert code == 0 and out.strip().endswith("delivery_retry")
         time.sleep(1.5)
         assert hook.count(":hang") == 1 and server.status(hung)["state"] == "delivery_retry"
-        code, _, _ = cli(server, "continuations", "retry", hung["continuationId"])
+        assert server.status(hung)["postUnproven"] is True
+        code, _, err = cli(server, "continuations", "retry", hung["continuationId"])
+        assert code == 1 and "--allow-unknown" in err
+        code, _, _ = cli(server, "continuations", "retry", hung["continuationId"], "--allow-unknown")
         assert code == 0
         server.wait_state(hung, "delivery_unknown")
         assert hook.count(":hang") == 2

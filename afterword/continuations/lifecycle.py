@@ -10,6 +10,10 @@ Invariants:
    ``delivery_in_flight`` is durable before the channel is called, so a crash after posting
    began is recognisable and becomes ``delivery_unknown`` instead of a second post.
 4. Terminal states change only through explicit operator actions.
+5. Once a post began and its outcome was never proven, the record carries ``post_unproven``
+   for good. Nothing posts it again (retry, recovery, migration, a scheduled attempt) unless
+   an operator retried it with ``allow_unknown``; that opt-in lasts until the record is
+   terminal again, so each further unproven outcome needs a fresh opt-in.
 """
 
 from __future__ import annotations
@@ -61,8 +65,31 @@ def _require(rec: Continuation, event: str) -> None:
 
 def _terminal(rec: Continuation, state: State, now_ms: int, **changes: object) -> Continuation:
     return msgspec.structs.replace(
-        rec, state=state, updated_at_ms=now_ms, terminal_at_ms=now_ms, delivery_in_flight=False, **changes
+        rec,
+        state=state,
+        updated_at_ms=now_ms,
+        terminal_at_ms=now_ms,
+        delivery_in_flight=False,
+        repost_allowed=False,
+        **changes,
     )
+
+
+UNPROVEN_REFUSAL = (
+    "an earlier post of this answer has an unknown outcome, so posting again could duplicate it: "
+    "resolve it, or after checking the channel retry with --allow-unknown "
+    "(HTTP allowUnknown: true, embedded allow_unknown=True)"
+)
+
+
+def unproven(rec: Continuation) -> bool:
+    """Some post of this answer began and was never proven (sticky; see invariant 5)."""
+    return rec.post_unproven or rec.state == "delivery_unknown"
+
+
+def may_post(rec: Continuation) -> bool:
+    """Whether a channel may be called for this record now (invariant 5)."""
+    return not unproven(rec) or rec.repost_allowed
 
 
 # -- results ---------------------------------------------------------------------------------
@@ -148,6 +175,8 @@ def begin_delivery(rec: Continuation, now_ms: int) -> Continuation:
     _require(rec, "begin_delivery")
     if rec.delivery_in_flight:
         raise InvalidTransition("delivery in flight", "begin_delivery")
+    if not may_post(rec):
+        raise Conflict(UNPROVEN_REFUSAL)
     attempts = Attempts(synthesis=rec.attempts.synthesis, delivery=rec.attempts.delivery + 1)
     return msgspec.structs.replace(
         rec, attempts=attempts, delivery_in_flight=True, next_attempt_at_ms=None, updated_at_ms=now_ms
@@ -210,7 +239,26 @@ def delivery_failed(
 
 def delivery_unknown(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
     _require(rec, "delivery_unknown")
-    return _terminal(rec, "delivery_unknown", now_ms, last_error=ErrorInfo.bounded(code, message))
+    return _terminal(
+        rec, "delivery_unknown", now_ms, last_error=ErrorInfo.bounded(code, message), post_unproven=True
+    )
+
+
+def hold_unproven(rec: Continuation, now_ms: int) -> Continuation:
+    """Park a record that would post again without the operator's opt-in (for example one a
+    migration or a scheduler made due): held in ``delivery_retry`` with a visible cause."""
+    _require(rec, "begin_delivery")
+    if may_post(rec):
+        raise InvalidTransition("repost allowed", "hold_unproven")
+    return msgspec.structs.replace(
+        rec,
+        state="delivery_retry",
+        delivery_in_flight=False,
+        next_attempt_at_ms=None,
+        last_error=ErrorInfo.bounded("repost_needs_opt_in", UNPROVEN_REFUSAL),
+        post_unproven=True,
+        updated_at_ms=now_ms,
+    )
 
 
 def dead_letter(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
@@ -236,6 +284,7 @@ def recover(rec: Continuation, now_ms: int) -> Continuation | None:
             last_error=ErrorInfo.bounded(
                 "delivery_interrupted", "the process stopped after posting began; outcome unknown"
             ),
+            post_unproven=True,
         )
     return None
 
@@ -253,13 +302,15 @@ def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
 
 
 def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuation:
-    """Operator retry: schedule delivery (or synthesis when no text exists) now."""
-    if rec.state == "delivery_unknown" and not allow_unknown:
-        raise Conflict(
-            "delivery outcome is unknown: resolve it, or retry with allow_unknown after external verification"
-        )
+    """Operator retry: schedule delivery (or synthesis when no text exists) now.
+
+    A record whose post was ever unproven is refused unless ``allow_unknown`` (the unsafe
+    opt-in after external verification), whichever verdict or state it reached since.
+    """
     if rec.state not in ("dead_lettered", "delivery_retry", "delivery_unknown"):
         raise InvalidTransition(rec.state, "retry")
+    if unproven(rec) and not allow_unknown:
+        raise Conflict(UNPROVEN_REFUSAL)
     if (
         rec.state == "dead_lettered"
         and rec.last_error is not None
@@ -283,6 +334,8 @@ def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuatio
         terminal_at_ms=None,
         receipt=None,
         updated_at_ms=now_ms,
+        post_unproven=unproven(rec),
+        repost_allowed=unproven(rec),
     )
 
 
@@ -295,6 +348,7 @@ def resolve(
     """Operator verdict on an unknown delivery outcome."""
     if rec.state != "delivery_unknown":
         raise InvalidTransition(rec.state, f"resolve {kind}")
+    rec = msgspec.structs.replace(rec, post_unproven=True)  # a verdict never erases the doubt
     if kind == "delivered":
         if not delivery_id:
             raise Conflict("resolving as delivered needs the externally verified delivery id")
@@ -314,7 +368,8 @@ def resolve(
             updated_at_ms=now_ms,
         )
     if kind == "not_delivered":
-        # Held for an explicit operator retry: no automatic attempt is scheduled.
+        # Held for an explicit operator retry: no automatic attempt is scheduled, and that
+        # retry still needs allow_unknown (the verdict is the operator's word, not a proof).
         return msgspec.structs.replace(
             rec,
             state="delivery_retry",
@@ -322,6 +377,11 @@ def resolve(
             chunk_receipts=(),
             next_attempt_at_ms=None,
             terminal_at_ms=None,
+            repost_allowed=False,
+            last_error=ErrorInfo.bounded(
+                "resolved_not_delivered",
+                "operator resolved: not delivered; post it with retry --allow-unknown",
+            ),
             updated_at_ms=now_ms,
         )
     return msgspec.structs.replace(rec, state="dead_lettered", terminal_at_ms=now_ms, updated_at_ms=now_ms)

@@ -111,6 +111,12 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     legacy: bool = False
     legacy_id: str | None = None
     history_boundary: int | None = None
+    # Sticky: some post of this answer began and its outcome was never proven. Every later
+    # post needs an operator's explicit unsafe opt-in (``repost_allowed``), whatever state
+    # the record passed through since; it is never cleared.
+    post_unproven: bool = False
+    # The operator retried with allow_unknown; lasts until the record is terminal again.
+    repost_allowed: bool = False
 
     @property
     def id(self) -> str:
@@ -140,6 +146,7 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     last_error: ErrorInfo | None = None
     # Tombstones written before attempts were kept decode with zeros (their counts are lost).
     attempts: Attempts = Attempts()
+    post_unproven: bool = False
 
 
 class Activation(msgspec.Struct, frozen=True, kw_only=True):

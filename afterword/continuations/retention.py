@@ -53,6 +53,7 @@ def tombstone_of(rec: Continuation) -> Tombstone:
         terminal_at_ms=terminal_at,
         last_error=rec.last_error,
         attempts=rec.attempts,
+        post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
     )
 
 

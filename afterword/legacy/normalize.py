@@ -105,6 +105,9 @@ def normalize(rec: LegacyRecord, *, ids_key: bytes, mac_key: bytes) -> Continuat
         legacy=True,
         legacy_id=rec.id,
         history_boundary=rec.history_boundary,
+        # A legacy unknown outcome stays unproven through every later verdict (no repost
+        # without the operator's explicit opt-in).
+        post_unproven=state == "delivery_unknown",
     )
     size = len(encode(cont))
     if size > MAX_RECORD_BYTES:

@@ -89,16 +89,17 @@ class Worker:
             return "expire"
         if rec.state == "result_received" and not rec.deferred:
             return "synthesize"
-        if rec.state == "ready_to_deliver" and not rec.delivery_in_flight:
-            return "deliver"
-        if (
+        due = (rec.state == "ready_to_deliver" and not rec.delivery_in_flight) or (
             rec.state == "delivery_retry"
             and not rec.delivery_in_flight
             and rec.next_attempt_at_ms is not None
             and rec.next_attempt_at_ms <= now
-        ):
-            return "deliver"
-        return None
+        )
+        if not due:
+            return None
+        # An answer whose earlier post was never proven is posted only after the operator's
+        # explicit opt-in, however the record became due (migration, a scheduler, a bug).
+        return "deliver" if lifecycle.may_post(rec) else "hold"
 
     def _dispatch(self, tg: TaskGroup, full_scan: bool) -> None:
         now = self.service.clock_ms()
@@ -173,6 +174,9 @@ class Worker:
                     await self._transition(cid, lambda r: lifecycle.expire(r, self.service.clock_ms()))
                 elif action == "synthesize":
                     await self.synthesize(cid)
+                elif action == "hold":
+                    await self._transition(cid, lambda r: lifecycle.hold_unproven(r, self.service.clock_ms()))
+                    log.warning("continuation %s held: its earlier post was never proven", cid)
                 else:
                     await self.deliver(cid)
         except (InvalidTransition, VersionConflict) as exc:
