@@ -358,6 +358,9 @@ class Worker:
         rec = svc.repo.get(cid)
         if rec is None or rec.state not in ("ready_to_deliver", "delivery_retry") or rec.text is None:
             return
+        if not self._binding_intact(rec):
+            await self._binding_failed(cid, ())
+            return
         if rec.claim.mode == "capture":
             receipt = Receipt(kind="captured", delivered_at_ms=now())
             await self._transition(cid, lambda r: lifecycle.delivered(r, receipt, now()))
@@ -380,6 +383,12 @@ class Worker:
         try:
             with anyio.fail_after(timeout):
                 for index, chunk in enumerate(chunks):
+                    # Re-checked before every channel call: the destination comes from the
+                    # claim, and only an authentic claim may route a post.
+                    current = svc.repo.get(cid)
+                    if current is None or current.claim != rec.claim or not self._binding_intact(current):
+                        await self._binding_failed(cid, tuple(r.delivery_id for r in receipts))
+                        return
                     chunk_receipt = await channel.post(
                         ChunkDelivery(
                             delivery_key=f"{cid}:{index}",
@@ -464,6 +473,22 @@ class Worker:
         receipt = posted(recorded, history_code)
         await self._transition(cid, lambda r: lifecycle.delivered(r, receipt, now()))
         log.info("continuation %s delivered (%d chunk(s))", cid, len(receipts))
+
+    def _binding_intact(self, rec: Continuation) -> bool:
+        return verify_claim_mac(self.service._k_claim_mac, rec.claim, rec.claim_mac)
+
+    async def _binding_failed(self, cid: str, posted: tuple[str, ...]) -> None:
+        """Immutable claim metadata was altered: dead-letter; post nothing (more)."""
+        now = self.service.clock_ms
+
+        def fn(r: Continuation) -> Continuation:
+            for delivery_id in posted:
+                if delivery_id not in r.chunk_receipts:
+                    r = lifecycle.record_chunk(r, delivery_id, now())
+            return lifecycle.dead_letter(r, "binding_invalid", "claim metadata was altered", now())
+
+        await self._transition(cid, fn)
+        log.error("continuation %s dead-lettered at delivery: claim binding failed", cid)
 
     async def _record_chunk(self, cid: str, delivery_id: str) -> None:
         now = self.service.clock_ms
