@@ -50,7 +50,7 @@ async def stack(state_dir: str, *, fault: FaultHook | None = None) -> AsyncItera
         journal, history = TaskJournal(store), DurableHistory(store)
         notes = TaskNotifications(journal, history, fault=fault)
         tools = ToolCallProcessor(journal, history, fault=fault)
-        async with ProcessSupervisor(journal, kill_grace=2.0) as sup:
+        async with ProcessSupervisor(journal, kill_grace=2.0, on_exit="stop") as sup:
             yield Stack(store, journal, history, notes, tools, sup)
     finally:
         store.close()

@@ -27,6 +27,7 @@ async def supervised(state_dir: str, **kw: object) -> AsyncIterator[tuple[TaskJo
     store = RecordStore.open(state_dir, options=OPTIONS)
     try:
         journal = TaskJournal(store)
+        kw.setdefault("on_exit", "stop")
         sup = ProcessSupervisor(journal, kill_grace=2.0, poll_interval=0.05, **kw)  # type: ignore[arg-type]
         async with sup:
             yield journal, sup
@@ -56,10 +57,13 @@ async def test_exit_is_recorded_with_event_id_independently_of_the_tool_call(sta
 async def test_nonzero_exit_is_failed_and_a_missing_command_fails_to_start(state_dir: str) -> None:
     async with supervised(state_dir) as (_, sup):
         failed = await sup.wait((await sup.start("s1", "c1", [PY, "-c", "raise SystemExit(7)"])).task_id, 30)
-        missing = await sup.start("s1", "c2", ["/nonexistent/definitely-not-here"])
+        missing = await sup.wait((await sup.start("s1", "c2", ["/nonexistent/definitely-not-here"])).task_id, 30)
+        no_dir = await sup.start("s1", "c3", ["true"], cwd="/nonexistent/dir")
     assert failed.state == "failed" and failed.exit_code == 7
-    assert missing.state == "failed" and missing.pid is None
-    assert missing.error and "could not start" in missing.error
+    assert missing.state == "failed" and missing.exit_code is None  # the wrapper reported it
+    assert missing.error and "could not start" in missing.error and "FileNotFoundError" in missing.error
+    assert no_dir.state == "failed" and no_dir.pid is None  # not even the wrapper started
+    assert no_dir.error and "could not start" in no_dir.error
     assert missing.event_id == event_id_for(missing.task_id)
 
 
@@ -79,14 +83,44 @@ async def test_a_child_killed_from_outside_is_killed_with_its_signal(
 
 
 @pytest.mark.anyio
-async def test_cancel_and_shutdown_record_cancelled(state_dir: str) -> None:
-    async with supervised(state_dir) as (journal, sup):
+async def test_a_users_cancel_records_cancelled(state_dir: str) -> None:
+    async with supervised(state_dir) as (_, sup):
         first = await sup.start("s1", "c1", ["sleep", "60"])
         cancelled = await sup.cancel(first.task_id)
-        second = await sup.start("s1", "c2", ["sleep", "60"])
     assert cancelled.state == "cancelled" and cancelled.signal == signal.SIGTERM
-    ended = journal.require(second.task_id)  # the supervisor's exit stopped what it started
-    assert ended.state == "cancelled" and ended.cancel_requested
+    assert "cancelled" in core.blockers(cancelled)
+
+
+@pytest.mark.anyio
+async def test_a_host_shutdown_is_not_a_cancel_stop_is_notified(state_dir: str) -> None:
+    """on_exit="stop": the end is recorded as killed with a cause, and stays notifiable."""
+    async with supervised(state_dir, on_exit="stop") as (journal, sup):
+        task = await sup.start("s1", "c1", ["sleep", "60"])
+    ended = journal.require(task.task_id)
+    assert ended.state == "killed" and ended.signal == signal.SIGTERM
+    assert ended.error == core.HOST_STOPPED and not ended.cancel_requested and ended.stop_requested
+    assert "cancelled" not in core.blockers(ended)  # unlike a cancel, the model will be told
+    refs = core.handoff_references([ended])
+    assert refs == []  # not yet handed off by a tool result; once it is, it needs consumption
+    handed = core.commit(core.prepare_commit(ended, tool_result_id="r", reported_terminal=False), now=1.0)
+    assert core.eligible(handed) and core.needs_consumption(handed)
+
+
+@pytest.mark.anyio
+async def test_a_host_shutdown_is_not_a_cancel_detach_leaves_it_for_adoption(state_dir: str) -> None:
+    """The default: the process keeps running, and the next supervisor adopts it and learns
+    its real exit status from the wrapper's record."""
+    marker = Path(state_dir).parent / "finished"
+    code = f"import time, pathlib; time.sleep(0.5); print('done'); pathlib.Path({str(marker)!r}).touch()"
+    async with supervised(state_dir, on_exit="detach") as (journal, sup):
+        task = await sup.start("s1", "c1", [PY, "-c", code])
+    assert journal.require(task.task_id).state == "running"  # not cancelled by the shutdown
+    async with supervised(state_dir) as (journal, sup):
+        assert journal.require(task.task_id).adopted
+        done = await sup.wait(task.task_id, timeout=30)
+    assert done.state == "exited" and done.exit_code == 0 and done.error is None
+    assert marker.exists()
+    assert Path(state_dir, done.output_path).read_bytes() == b"done\n"
 
 
 @pytest.mark.anyio
@@ -205,3 +239,64 @@ async def test_restart_adopts_a_live_process_then_reports_lost_when_it_ends(
     # Nobody could wait() for it, so the journal does not claim to know how it ended.
     assert done.state == "lost" and done.error == core.LOST_UNSUPERVISED_EXIT
     assert done.signal is None and done.exit_code is None
+
+
+# -- item 5: a SIGKILLed supervisor takes neither the command nor its capture down ---------------
+CHATTY_HOST = r"""
+import sys
+import anyio
+from afterword.store import RecordStore, StoreOptions
+from afterword.tasks import ProcessSupervisor, TaskJournal
+from afterword.wal import WalOptions
+
+OPTIONS = StoreOptions(wal=WalOptions(segment_size=4 * 1024 * 1024, max_payload=1024 * 1024, zero_fill=False))
+
+async def main(state_dir, marker):
+    store = RecordStore.open(state_dir, options=OPTIONS)
+    async with ProcessSupervisor(TaskJournal(store)) as sup:
+        script = "for i in 1 2 3 4 5 6 7 8; do echo line $i; sleep 0.1; done; touch " + marker
+        task = await sup.start("s1", "call-1", ["sh", "-c", script], task_id="t-chatty")
+        print("STARTED", task.pid, flush=True)
+        await anyio.sleep(3600)
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("restart", ["while_running", "after_it_ended"])
+async def test_sigkilled_supervisor_the_command_finishes_and_its_end_is_known(
+    state_dir: str, tmp_path: Path, restart: str
+) -> None:
+    script, marker = tmp_path / "host.py", tmp_path / "finished"
+    script.write_text(CHATTY_HOST)
+    host = subprocess.Popen([PY, str(script), state_dir, str(marker)], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    line = host.stdout.readline()
+    host.send_signal(signal.SIGKILL)  # the supervisor dies mid-run, the command keeps printing
+    host.wait()
+    host.stdout.close()
+    assert line.startswith("STARTED"), line
+    wrapper = int(line.split()[1])
+    try:
+        if restart == "after_it_ended":
+            deadline = time.monotonic() + 30
+            while not marker.exists():
+                assert time.monotonic() < deadline, "the command died with its supervisor"
+                time.sleep(0.05)
+        async with supervised(state_dir) as (journal, sup):
+            if restart == "while_running":
+                assert journal.require("t-chatty").adopted
+            done = await sup.wait("t-chatty", timeout=30)
+    finally:
+        try:
+            os.killpg(wrapper, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert marker.exists()  # no SIGPIPE: the command ran to its end
+    # The wrapper's record says how it ended: not lost.
+    assert done.state == "exited" and done.exit_code == 0 and done.error is None
+    out = Path(state_dir, done.output_path).read_text()
+    assert out.splitlines() == [f"line {i}" for i in range(1, 9)]  # all of it, none lost
+    assert stat.S_IMODE(Path(state_dir, done.output_path).stat().st_mode) == 0o600
+    assert done.output_bytes == len(out) and not done.output_truncated

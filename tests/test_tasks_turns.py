@@ -72,7 +72,7 @@ async def stack(state_dir: str, model: Model | None = None, **coord_kw: object) 
         notes, tools = TaskNotifications(journal, history), ToolCallProcessor(journal, history)
         runner = TurnRunner(history, journal, notes, model, max_model_failures=3)
         coord = ExecutionCoordinator(journal, notes, runner, **coord_kw)  # type: ignore[arg-type]
-        async with ProcessSupervisor(journal, kill_grace=2.0) as sup:
+        async with ProcessSupervisor(journal, kill_grace=2.0, on_exit="stop") as sup:
             yield Stack(store, journal, history, notes, tools, sup, runner, coord, model)
     finally:
         store.close()

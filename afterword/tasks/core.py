@@ -116,6 +116,19 @@ def request_cancel(task: TaskRecord) -> TaskRecord:
     return _replace(task, cancel_requested=True)
 
 
+def request_stop(task: TaskRecord) -> TaskRecord:
+    """The host is shutting down and stops the task: not a user's cancel, so the model is told."""
+    if is_terminal(task) or task.stop_requested or task.cancel_requested:
+        return task
+    return _replace(task, stop_requested=True)
+
+
+HOST_STOPPED = (
+    "the host shut down and stopped this task before it finished; it did not complete and "
+    "may need to be run again"
+)
+
+
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a process ended, classified."""
 
@@ -125,8 +138,16 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
-def classify_exit(returncode: int, *, cancel_requested: bool) -> Outcome:
-    """Exit 0 -> exited; other codes -> failed; a signal -> killed (cancelled if we asked)."""
+def classify_exit(returncode: int, *, cancel_requested: bool, stop_requested: bool = False) -> Outcome:
+    """Exit 0 -> exited; other codes -> failed; a signal -> killed (cancelled if we asked).
+
+    A task the host stopped at shutdown that did not exit 0 is ``killed`` with
+    :data:`HOST_STOPPED` as its error: unlike a cancel, the model hears about it.
+    """
+    if stop_requested and not cancel_requested and returncode != 0:
+        if returncode < 0:
+            return Outcome(state="killed", signal=-returncode, error=HOST_STOPPED)
+        return Outcome(state="killed", exit_code=returncode, error=HOST_STOPPED)
     if returncode < 0:
         return Outcome(state="cancelled" if cancel_requested else "killed", signal=-returncode)
     if cancel_requested and returncode != 0:
@@ -142,12 +163,12 @@ LOST_NEVER_RECORDED = (
     "the supervisor stopped before recording a process id; whether the command ran is unknown"
 )
 LOST_VANISHED = (
-    "the process was gone when the supervisor restarted; its exit status, output after the "
-    "restart and side effects are unknown"
+    "the process was gone when the supervisor restarted and left no exit status (its wrapper "
+    "was killed); its exit status and side effects are unknown"
 )
 LOST_UNSUPERVISED_EXIT = (
-    "the process ended after a supervisor restart, which cannot wait for it; its exit status "
-    "and side effects are unknown"
+    "the process ended after a supervisor restart without an exit status on record (its "
+    "wrapper was killed); its exit status and side effects are unknown"
 )
 
 
@@ -155,15 +176,36 @@ ProbeResult = Literal["alive", "gone", "unknown"]
 RecoveryAction = Literal["keep", "adopt", "end"]
 
 
-def recovery_action(task: TaskRecord, probe: ProbeResult) -> tuple[RecoveryAction, Outcome | None]:
+class ExitStatus(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the exit-status wrapper recorded when the command ended."""
+
+    returncode: int | None = None
+    spawn_error: str | None = None
+
+
+def recorded_end(task: TaskRecord, status: ExitStatus) -> Outcome:
+    """The end the wrapper wrote down: known, even when no supervisor was watching."""
+    if status.spawn_error is not None or status.returncode is None:
+        return spawn_failure(status.spawn_error or "the command did not start")
+    return classify_exit(
+        status.returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested
+    )
+
+
+def recovery_action(
+    task: TaskRecord, probe: ProbeResult, status: ExitStatus | None = None
+) -> tuple[RecoveryAction, Outcome | None]:
     """What a restarted supervisor does with a task it did not start in this life.
 
-    A process that the identity check proves alive is adopted (still ``running``); anything
-    that cannot be accounted for becomes ``lost`` - the journal does not guess an outcome. A
-    task we had already asked to stop reads as ``cancelled``, with the same doubt recorded.
+    A process that the identity check proves alive is adopted (still ``running``). One that
+    is gone ended with the status its wrapper recorded; without a record the end cannot be
+    accounted for and becomes ``lost`` - the journal does not guess an outcome. A task we had
+    already asked to stop reads as ``cancelled``, with the same doubt recorded.
     """
     if task.state != "running":
         return "keep", None
+    if status is not None and probe != "alive":
+        return "end", recorded_end(task, status)
     if task.pid is None:
         return "end", _unaccounted(task, LOST_NEVER_RECORDED)
     if probe == "alive":

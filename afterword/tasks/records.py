@@ -43,7 +43,8 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     process_identity: str | None = None  # boot id + start time: proves the pid is still ours
     started_at: float | None = None
     adopted: bool = False  # running under a later supervisor that cannot wait() for it
-    cancel_requested: bool = False
+    cancel_requested: bool = False  # the user's cancel: the end is not notified
+    stop_requested: bool = False  # the host stopped it while shutting down: the end is notified
     ended_at: float | None = None
     exit_code: int | None = None
     signal: int | None = None

@@ -2,15 +2,24 @@
 
 The supervisor owns the process fact and nothing else. It writes the task record *before*
 spawning (so no process exists that the journal does not know about), records the pid and the
-process identity right after, captures the combined stdout/stderr into a bounded file, and
-when the process ends records the terminal state with its stable event id - whether or not
-the tool call that started it has returned yet.
+process identity right after, and when the process ends records the terminal state with its
+stable event id - whether or not the tool call that started it has returned yet.
+
+Every command runs under a small wrapper (:mod:`afterword.tasks.exitwrap`) that writes the
+command's exit status durably next to its output when it ends. The command writes its
+combined stdout/stderr straight into an owner-only file (no pipe through the supervisor), so
+a supervisor that dies - even by SIGKILL - takes neither the command nor its capture down.
+The capture is bounded when the end is recorded: head and tail kept, the middle counted.
 
 After a restart the supervisor cannot ``wait()`` for processes a previous life started. A task
-whose recorded process is provably still alive is adopted and polled; when it disappears its
-exit status is unknowable and it becomes ``lost``. A task whose process is already gone, or
-whose pid was never recorded, becomes ``lost`` at once. ``lost`` says honestly that the
-journal does not know whether the command's side effects happened.
+whose recorded process is provably still alive is adopted and polled; when it ends, the
+wrapper's record says how. Only a task without such a record - its wrapper was SIGKILLed, or
+its pid was never recorded - becomes ``lost``, which says honestly that the journal does not
+know whether the command's side effects happened.
+
+Leaving the supervisor's context is a host shutdown, not a user's cancel: by default the
+processes keep running for the next supervisor to adopt (``on_exit="detach"``); with
+``on_exit="stop"`` they are stopped and recorded as ``killed`` with a cause the model is told.
 
 Children run in their own session and process group, so a terminal's Ctrl-C does not reach
 them and a cancellation reaches their whole group.
@@ -22,89 +31,78 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
+from typing import Literal
 
 import anyio
-from anyio.abc import Process, TaskGroup
+import msgspec
+from anyio.abc import TaskGroup
 
-from ..disk import FileHandle, StateRoot
-from . import core, procinfo
+from ..disk import StateRoot, UnsafeStateError
+from ..disk.safe import TEMP_MARK
+from . import core, exitwrap, procinfo
 from .errors import SupervisorError
 from .journal import OUTPUT_DIR, TaskJournal
 from .records import NotifyPolicy, TaskRecord
 
 DEFAULT_MAX_OUTPUT = 1024 * 1024
+MARKER_SLACK = 64  # a capture this far over the budget is kept whole (the marker's own size)
+OnExit = Literal["detach", "stop"]
+_status_decoder = msgspec.json.Decoder(core.ExitStatus)
+# Wrappers a detached supervisor stopped watching; kept so they are reaped, not warned about.
+_detached: list[subprocess.Popen[bytes]] = []
 
 
 def new_task_id() -> str:
     return "task_" + secrets.token_hex(8)
 
 
-class OutputCapture:
-    """Bounded capture of a process's output into one file through the disk seam.
+def status_path(task_id: str) -> str:
+    return f"{OUTPUT_DIR}/{task_id}.exit"
 
-    The first half of the budget is written as it arrives; later bytes go to an in-memory
-    ring holding the second half. At the end, if anything fell between the two, a marker
-    naming the omitted byte count separates head and tail. Output that fits the budget is
-    stored exactly.
-    """
 
-    def __init__(self, root: StateRoot, rel: str, limit: int) -> None:
-        if limit < 2:
-            raise ValueError("output limit must be at least 2 bytes")
-        root.ensure_dir(OUTPUT_DIR)
-        self.root = root
-        self.handle: FileHandle = root.open_file(rel, writable=True, create=True)
-        self.head_limit = limit // 2
-        self.tail_limit = limit - self.head_limit
-        self.offset = 0
-        self.total = 0
-        self.tail = bytearray()
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.head_limit - self.offset
-        if room > 0 and not self.tail:
-            head = chunk[:room]
-            self.root.pwrite(self.handle, head, self.offset)
-            self.offset += len(head)
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > self.tail_limit:
-                del self.tail[: len(self.tail) - self.tail_limit]
-
-    def finish(self) -> tuple[int, bool]:
-        """Write the tail, fsync, close; returns ``(bytes printed, truncated)``."""
-        omitted = self.total - self.offset - len(self.tail)
-        try:
-            if omitted > 0:
-                marker = f"\n[... {omitted} bytes of output omitted ...]\n".encode()
-                self.root.pwrite(self.handle, marker + bytes(self.tail), self.offset)
-            elif self.tail:
-                self.root.pwrite(self.handle, bytes(self.tail), self.offset)
-            self.root.fsync(self.handle)
-        finally:
-            self.root.close(self.handle)
-        return self.total, omitted > 0
+def bound_output(root: StateRoot, rel: str, limit: int) -> tuple[int, bool]:
+    """Cut a finished capture down to ``limit``: the first half, a marker naming how many
+    bytes were left out, the last half. Returns ``(bytes printed, truncated)``."""
+    try:
+        handle = root.open_file(rel, writable=True)
+    except UnsafeStateError as exc:
+        if exc.rule != "missing":
+            raise
+        return 0, False
+    try:
+        size = root.disk.fstat(handle.fd).st_size
+        truncated = size > limit + MARKER_SLACK
+        if truncated:
+            head = limit // 2
+            tail = root.pread(handle, limit - head, size - (limit - head))
+            marker = f"\n[... {size - head - len(tail)} bytes of output omitted ...]\n".encode()
+            root.pwrite(handle, marker + tail, head)
+            root.truncate(handle, head + len(marker) + len(tail))
+        root.fsync(handle)
+        return size, truncated
+    finally:
+        root.close(handle)
 
 
 class ProcessSupervisor:
     """Starts commands for a :class:`TaskJournal` and records their ends.
 
     Use as ``async with ProcessSupervisor(journal) as supervisor:``. Entering recovers tasks a
-    previous life left ``running``; leaving cancels the processes this life started (when
-    ``terminate_on_exit``) and waits for their terminal states to be recorded.
+    previous life left ``running``; leaving detaches from (or, with ``on_exit="stop"``,
+    stops) the processes still running.
 
     Args:
         clock: seconds since the epoch (injected for tests).
         max_output_bytes: per task; the rest is counted and omitted from the middle.
-        drain_timeout: how long to keep reading after exit (a grandchild may hold the pipe).
-        kill_grace: seconds between SIGTERM and SIGKILL when cancelling.
+        kill_grace: seconds between SIGTERM and SIGKILL when cancelling or stopping.
         poll_interval: how often an adopted process is checked.
+        on_exit: ``"detach"`` leaves running processes for the next supervisor to adopt;
+            ``"stop"`` stops them and records them ``killed`` because the host shut down.
     """
 
     def __init__(
@@ -114,22 +112,24 @@ class ProcessSupervisor:
         clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = new_task_id,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-        drain_timeout: float = 2.0,
         kill_grace: float = 5.0,
         poll_interval: float = 0.5,
-        terminate_on_exit: bool = True,
+        on_exit: OnExit = "detach",
     ) -> None:
+        if max_output_bytes < 2:
+            raise ValueError("output limit must be at least 2 bytes")
+        if on_exit not in ("detach", "stop"):
+            raise ValueError("on_exit must be 'detach' or 'stop'")
         self.journal = journal
         self.clock = clock
         self.new_id = new_id
         self.max_output_bytes = max_output_bytes
-        self.drain_timeout = drain_timeout
         self.kill_grace = kill_grace
         self.poll_interval = poll_interval
-        self.terminate_on_exit = terminate_on_exit
+        self.on_exit: OnExit = on_exit
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
-        self._procs: dict[str, Process] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._adopted: set[str] = set()
         self._ended: dict[str, anyio.Event] = {}
         self._unsubscribe = journal.subscribe(self._on_change)
@@ -159,17 +159,18 @@ class ProcessSupervisor:
         if stack is None:
             return
         try:
-            if self.terminate_on_exit and self._procs:
+            if self.on_exit == "stop" and self.running():
                 with anyio.CancelScope(shield=True):
                     async with anyio.create_task_group() as tg:
-                        for task_id in list(self._procs):
-                            tg.start_soon(self.cancel, task_id)
+                        for task_id in self.running():
+                            tg.start_soon(self.stop, task_id)
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
         finally:
             self._tg = None
             self._unsubscribe()
             await stack.aclose()
+            _detached[:] = [p for p in _detached if p.poll() is None]
 
     def _group(self) -> TaskGroup:
         if self._tg is None:
@@ -190,7 +191,8 @@ class ProcessSupervisor:
     ) -> TaskRecord:
         """Record, then spawn, a background command. Returns the task as recorded.
 
-        A command that cannot be spawned ends at once as ``failed`` with the reason.
+        A command that cannot be spawned ends as ``failed`` with the reason (at once if even
+        the wrapper cannot start, otherwise as soon as the wrapper reports it).
         """
         group = self._group()
         task_id = task_id or self.new_id()
@@ -206,26 +208,28 @@ class ProcessSupervisor:
             now=self.clock(),
         )
         await self.journal.create(record)
-        capture = OutputCapture(self.journal.root, rel, self.max_output_bytes)
+        root = self.journal.root
+        root.ensure_dir(OUTPUT_DIR)
+        output = root.open_file(rel, writable=True, create=True)
+        status = root.path(status_path(task_id))
+        temp = root.path(f"{OUTPUT_DIR}/.{task_id}.exit{TEMP_MARK}{task_id}")
         try:
-            process = await anyio.open_process(
-                list(command),
+            process = subprocess.Popen(
+                [sys.executable, "-I", exitwrap.__file__, status, temp, "--", *command],
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stdout=output.fd,
+                stderr=output.fd,
                 cwd=cwd,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,
             )
         except OSError as exc:
-            total, truncated = capture.finish()
             outcome = core.spawn_failure(f"{type(exc).__name__}: {exc.strerror or exc}")
             return await self.journal.update(
-                task_id,
-                lambda t: core.terminate(
-                    t, outcome, now=self.clock(), output_bytes=total, output_truncated=truncated
-                ),
+                task_id, lambda t: core.terminate(t, outcome, now=self.clock(), output_bytes=0)
             )
+        finally:
+            root.close(output)  # the wrapper and the command hold their own descriptors
         self._procs[task_id] = process
         try:
             identity = procinfo.process_identity(process.pid)
@@ -235,48 +239,65 @@ class ProcessSupervisor:
         except BaseException:
             # The pid never became durable: a process nobody can account for must not live on.
             _signal_group(process.pid, signal.SIGKILL)
-            group.start_soon(self._watch, task_id, process, capture)
+            group.start_soon(self._watch, task_id, process)
             raise
-        group.start_soon(self._watch, task_id, process, capture)
+        group.start_soon(self._watch, task_id, process)
         return recorded
 
-    async def _watch(self, task_id: str, process: Process, capture: OutputCapture) -> None:
+    async def _watch(self, task_id: str, process: subprocess.Popen[bytes]) -> None:
         try:
-            reader_done = anyio.Event()
-
-            async def read() -> None:
-                try:
-                    assert process.stdout is not None
-                    async for chunk in process.stdout:
-                        capture.feed(chunk)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
-                finally:
-                    reader_done.set()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read)
-                returncode = await process.wait()
-                with anyio.move_on_after(self.drain_timeout):
-                    await reader_done.wait()
-                tg.cancel_scope.cancel()
+            await _wait_exit(process, self.poll_interval)
+            returncode = process.wait()
             # Shielded: once the process has ended, its terminal state must be recorded even
             # if the supervisor is shutting down around us.
             with anyio.CancelScope(shield=True):
-                await process.aclose()
-                total, truncated = await anyio.to_thread.run_sync(capture.finish)
-                await self.journal.update(
-                    task_id,
-                    lambda t: core.terminate(
-                        t,
-                        core.classify_exit(returncode, cancel_requested=t.cancel_requested),
-                        now=self.clock(),
-                        output_bytes=total,
-                        output_truncated=truncated,
-                    ),
-                )
+                self._procs.pop(task_id, None)
+                status = self._read_status(task_id)
+                if status is None and returncode < 0:
+                    # The wrapper itself was killed: make sure its command does not live on.
+                    _signal_group(process.pid, signal.SIGKILL)
+                await self._record_end(task_id, status, returncode)
         finally:
             self._procs.pop(task_id, None)
+            if process.returncode is None:
+                _detached.append(process)  # left running for the next life to adopt
+
+    def _read_status(self, task_id: str) -> core.ExitStatus | None:
+        root = self.journal.root
+        rel = status_path(task_id)
+        if not root.exists(rel):
+            return None
+        try:
+            return _status_decoder.decode(root.read_file(rel, max_size=4096))
+        except msgspec.DecodeError:
+            return None  # a torn or foreign file is no record of how the command ended
+
+    async def _record_end(
+        self, task_id: str, status: core.ExitStatus | None, returncode: int | None
+    ) -> TaskRecord:
+        task = self.journal.require(task_id)
+        if status is not None:
+            outcome = core.recorded_end(task, status)
+        elif returncode is not None:
+            outcome = core.classify_exit(
+                returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested
+            )
+        else:
+            outcome = core.unsupervised_end(task)
+        return await self._terminate(task_id, outcome, exact=status is not None or returncode is not None)
+
+    async def _terminate(self, task_id: str, outcome: core.Outcome, *, exact: bool) -> TaskRecord:
+        total, truncated = await anyio.to_thread.run_sync(
+            bound_output, self.journal.root, self.journal.output_path(task_id), self.max_output_bytes
+        )
+        return await self.journal.update(
+            task_id,
+            lambda t: core.terminate(
+                t, outcome, now=self.clock(), output_bytes=max(t.output_bytes, total),
+                # Without the wrapper's record, whatever was printed unobserved is unknown.
+                output_truncated=truncated or not exact,
+            ),
+        )
 
     # -- recovery ------------------------------------------------------------------------------
     async def recover(self) -> list[TaskRecord]:
@@ -287,35 +308,15 @@ class ProcessSupervisor:
             if task.state != "running" or task.task_id in self._procs or task.task_id in self._adopted:
                 continue
             probe = procinfo.probe(task.pid, task.process_identity) if task.pid is not None else "unknown"
-            action, outcome = core.recovery_action(task, probe)
+            status = self._read_status(task.task_id) if probe != "alive" else None
+            action, outcome = core.recovery_action(task, probe, status)
             if action == "adopt":
                 changed.append(await self.journal.update(task.task_id, core.adopted))
                 self._adopted.add(task.task_id)
                 group.start_soon(self._watch_adopted, task.task_id)
             elif action == "end" and outcome is not None:
-                changed.append(await self._end_unsupervised(task.task_id, outcome))
+                changed.append(await self._terminate(task.task_id, outcome, exact=status is not None))
         return changed
-
-    async def _end_unsupervised(self, task_id: str, outcome: core.Outcome) -> TaskRecord:
-        task = self.journal.require(task_id)
-        captured = self._captured_size(task)
-        return await self.journal.update(
-            task_id,
-            lambda t: core.terminate(
-                t, outcome, now=self.clock(), output_bytes=max(t.output_bytes, captured),
-                output_truncated=True,  # whatever the process printed unobserved is unknown
-            ),
-        )
-
-    def _captured_size(self, task: TaskRecord) -> int:
-        root = self.journal.root
-        if not root.exists(task.output_path):
-            return 0
-        handle = root.open_file(task.output_path)
-        try:
-            return root.disk.fstat(handle.fd).st_size
-        finally:
-            root.close(handle)
 
     async def _watch_adopted(self, task_id: str) -> None:
         try:
@@ -326,7 +327,7 @@ class ProcessSupervisor:
                 assert task.pid is not None
                 if procinfo.probe(task.pid, task.process_identity) != "alive":
                     with anyio.CancelScope(shield=True):
-                        await self._end_unsupervised(task_id, core.unsupervised_end(task))
+                        await self._record_end(task_id, self._read_status(task_id), None)
                     return
                 await anyio.sleep(self.poll_interval)
         finally:
@@ -348,11 +349,19 @@ class ProcessSupervisor:
         return self.journal.require(task_id)
 
     async def cancel(self, task_id: str) -> TaskRecord:
-        """Stop a running task: record the intent, SIGTERM its group, SIGKILL after the grace."""
+        """The user's cancel: record the intent, SIGTERM, SIGKILL after the grace. Not notified."""
+        return await self._halt(task_id, core.request_cancel)
+
+    async def stop(self, task_id: str) -> TaskRecord:
+        """The host's stop at shutdown: like :meth:`cancel`, but the end is ``killed`` with
+        :data:`core.HOST_STOPPED` as its cause, and the model is notified."""
+        return await self._halt(task_id, core.request_stop)
+
+    async def _halt(self, task_id: str, intent: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
         task = self.journal.require(task_id)
         if core.is_terminal(task):
             return task
-        task = await self.journal.update(task_id, core.request_cancel)
+        task = await self.journal.update(task_id, intent)
         process = self._procs.get(task_id)
         if process is not None:
             if process.returncode is not None:
@@ -364,7 +373,8 @@ class ProcessSupervisor:
             pid = task.pid
         else:
             return task  # not ours to signal; recovery decides its fate
-        _signal_group(pid, signal.SIGTERM)
+        # The wrapper passes SIGTERM on to its whole group once and stays to record the end.
+        _signal_pid(pid, signal.SIGTERM)
         ended = await self.wait(task_id, self.kill_grace)
         if core.is_terminal(ended):
             return ended
@@ -377,6 +387,27 @@ class ProcessSupervisor:
 
     def __repr__(self) -> str:
         return f"<ProcessSupervisor watching={len(self._procs)} adopted={len(self._adopted)}>"
+
+
+async def _wait_exit(process: subprocess.Popen[bytes], poll_interval: float) -> None:
+    """Until ``process`` has exited (not reaped): a pidfd where the kernel has one, else polling."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        while process.poll() is None:
+            await anyio.sleep(min(poll_interval, 0.05))
+        return
+    try:
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+def _signal_pid(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
