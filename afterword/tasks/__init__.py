@@ -28,6 +28,7 @@ from .records import (
     TaskState,
 )
 from .render import NotificationBody, OutputExcerpt, parse_notification, render_notification
+from .runtime import TaskRuntime
 from .supervisor import ProcessSupervisor
 from .toolcalls import ToolCallProcessor
 from .toolloop import ToolExecutor, ToolResult, TurnResult, tool_result_id
@@ -58,6 +59,7 @@ __all__ = [
     "TaskNotifications",
     "TaskRecord",
     "TaskReference",
+    "TaskRuntime",
     "TaskState",
     "TaskTurnHook",
     "ToolCallProcessor",

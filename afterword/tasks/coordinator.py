@@ -224,6 +224,21 @@ class ExecutionCoordinator:
                         )
         return written
 
+    async def close_open_calls(self, session_id: str) -> list[Message]:
+        """Answer tool calls a turn cut short by a crash left open (recovery, when this
+        coordinator owns the tool loop): an open call would block every later step."""
+        async with self.runner.lock(session_id):
+            window = await self.runner.history.latest(session_id, self.runner.context_limit)
+            still_open = open_tool_calls(window)
+            calls = [c for m in window for c in m.calls() if c.id in still_open]
+            if not calls:
+                return []
+            result = ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)
+            messages = [tool_result_message(c, result) for c in calls]
+            for message in messages:
+                await self.processor.commit_tool_result(session_id, message)
+            return messages
+
     def _after_turn(self, session_id: str) -> None:
         if session_id in self._rewake:
             self._rewake.discard(session_id)

@@ -1,0 +1,117 @@
+"""``TaskRuntime``: the task journal wired for a host in one call, with recovery in order.
+
+A host needs eight objects built over one store in the right order, and recovery steps that
+are easy to forget. :meth:`TaskRuntime.open` builds them all and runs recovery before it
+returns:
+
+1. the supervisor accounts for processes a previous life left running (adopts the live ones,
+   reads the recorded exit status of the ended ones, ``lost`` only without a record);
+2. tool results that reached the history but were not marked ``committed`` are marked;
+3. notifications that reached the history but were not marked ``delivered`` are marked;
+4. with a tool executor, tool calls a crashed turn left open get an "interrupted" result,
+   so they cannot block the session;
+5. the coordinator's background loop starts: it delivers what is ready and wakes every
+   session that has something pending, then follows the journal.
+
+Leaving the context stops the loop and the supervisor (``on_exit``: detach by default, so
+running commands are adopted by the next start).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+
+from ..history import BoundaryHistory, DurableHistory, Message, ToolCall
+from ..store import RecordStore
+from .compaction import Compaction
+from .coordinator import ExecutionCoordinator, WakeResult
+from .journal import TaskJournal
+from .notifications import TaskNotifications
+from .records import NotifyPolicy, TaskRecord
+from .supervisor import DEFAULT_MAX_OUTPUT, OnExit, ProcessSupervisor
+from .toolcalls import ToolCallProcessor
+from .toolloop import ToolExecutor, TurnResult
+from .turns import ModelStep, TurnRunner
+
+
+@dataclass
+class TaskRuntime:
+    """The wired task journal of one host (see the module docstring)."""
+
+    journal: TaskJournal
+    history: BoundaryHistory
+    supervisor: ProcessSupervisor
+    processor: ToolCallProcessor
+    notifications: TaskNotifications
+    runner: TurnRunner
+    compaction: Compaction
+    coordinator: ExecutionCoordinator
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        store: RecordStore,
+        model_step: ModelStep,
+        *,
+        make_tools: Callable[[TaskRuntime], ToolExecutor] | None = None,
+        history: BoundaryHistory | None = None,
+        on_exit: OnExit = "detach",
+        clock: Callable[[], float] = time.time,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
+        max_model_failures: int = 3,
+    ) -> AsyncIterator[TaskRuntime]:
+        """Build everything over ``store``, recover, start the background loop.
+
+        Args:
+            model_step: ``(session_id, context) -> replies``.
+            make_tools: builds the host's tool executor from the runtime (it usually needs
+                ``runtime.start_task``); without one, turns stop at tool calls and report them.
+        """
+        journal = TaskJournal(store)
+        history = history if history is not None else DurableHistory(store)
+        notifications = TaskNotifications(journal, history, clock=clock)
+        processor = ToolCallProcessor(journal, history, clock=clock)
+        runner = TurnRunner(
+            history, journal, notifications, model_step, clock=clock, max_model_failures=max_model_failures
+        )
+        coordinator = ExecutionCoordinator(journal, notifications, runner, processor=processor, clock=clock)
+        supervisor = ProcessSupervisor(journal, clock=clock, on_exit=on_exit, max_output_bytes=max_output_bytes)
+        async with supervisor:  # step 1
+            runtime = cls(
+                journal=journal, history=history, supervisor=supervisor, processor=processor,
+                notifications=notifications, runner=runner, compaction=Compaction(journal, history),
+                coordinator=coordinator,
+            )
+            if make_tools is not None:
+                coordinator.tools = make_tools(runtime)
+            await processor.recover()  # step 2
+            await notifications.reconcile()  # step 3
+            if coordinator.tools is not None:  # step 4
+                for session_id in journal.sessions():
+                    await coordinator.close_open_calls(session_id)
+            async with anyio.create_task_group() as tg:
+                await tg.start(coordinator.run)  # step 5
+                try:
+                    yield runtime
+                finally:
+                    tg.cancel_scope.cancel()
+
+    # -- what a host calls ---------------------------------------------------------------------
+    async def user_turn(self, session_id: str, message: Message) -> TurnResult:
+        return await self.coordinator.user_turn(session_id, message)
+
+    async def wake(self, session_id: str) -> WakeResult:
+        return await self.coordinator.wake(session_id)
+
+    async def start_task(
+        self, session_id: str, call: ToolCall, command: Sequence[str], *, notify: NotifyPolicy = "on_exit",
+        cwd: str | None = None,
+    ) -> TaskRecord:
+        """Start a background command on behalf of tool call ``call`` (from a tool executor)."""
+        return await self.supervisor.start(session_id, call.id, command, notify=notify, cwd=cwd)
