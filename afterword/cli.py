@@ -89,6 +89,12 @@ def cmd_health(args: argparse.Namespace) -> int:
             f"; {health.history_unrecorded} delivered without history" if health.history_unrecorded else ""
         )
         print(f"{health.status}: {counts}{extra}")
+        for cause in health.causes:
+            print(f"  {cause.code} ({cause.status}): {cause.count} - {cause.message}")
+            for command in cause.commands:
+                print(f"    {command}")
+            if cause.count > len(cause.ids):
+                print(f"    ... and {cause.count - len(cause.ids)} more (afterword continuations list)")
     return EXIT_HEALTH.get(health.status, 2)
 
 
@@ -166,6 +172,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_acknowledge(args: argparse.Namespace) -> int:
+    _, client = _client(args)
+    try:
+        _show_status(client.acknowledge(args.id), args)
+    finally:
+        client.close()
+    return 0
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     verdict = args.verdict
     kinds = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
@@ -231,6 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("id")
     cn.add_argument("--json", action="store_true")
     cn.set_defaults(func=cmd_cancel)
+
+    ak = csub.add_parser(
+        "acknowledge",
+        help="acknowledge a dead letter, an expiry or a delivery missing from history (clears its health cause)",
+    )
+    common(ak)
+    ak.add_argument("id")
+    ak.add_argument("--json", action="store_true")
+    ak.set_defaults(func=cmd_acknowledge)
 
     rs = csub.add_parser(
         "resolve", help="resolve an unknown delivery: delivered ID | not-delivered | dead-lettered"

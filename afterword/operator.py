@@ -94,6 +94,11 @@ class OperatorClient:
             self._call("POST", f"/v1/operator/continuations/{cid}/cancel"), type=StatusBody
         )
 
+    def acknowledge(self, cid: str) -> StatusBody:
+        return msgspec.json.decode(
+            self._call("POST", f"/v1/operator/continuations/{cid}/acknowledge"), type=StatusBody
+        )
+
     def resolve(self, cid: str, kind: str, delivery_id: str | None) -> StatusBody:
         body = {"kind": kind, "deliveryId": delivery_id}
         data = self._call("POST", f"/v1/operator/continuations/{cid}/resolve", body=body)

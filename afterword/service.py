@@ -48,7 +48,7 @@ from .continuations.errors import (
     NotFound,
     Unauthorized,
 )
-from .continuations.health import health_of
+from .continuations.health import assess
 from .continuations.model import (
     MODES,
     Activation,
@@ -60,7 +60,7 @@ from .continuations.model import (
     canonical_claim,
     encode,
 )
-from .continuations.retention import SETTLED, RetentionLimits, plan_retention, tombstone_of
+from .continuations.retention import RetentionLimits, compactable, plan_retention, tombstone_of
 from .continuations.rules import (
     check_deadline_window,
     check_result,
@@ -72,6 +72,7 @@ from .continuations.rules import (
 from .continuations.snapshot import build_snapshot, encode_snapshot
 from .host.binding import ClaimCapability, RunBinding
 from .legacy.migrate import Fence
+from .repository import TOMB as TOMB_PREFIX
 from .repository import Repository
 from .store import Delete, Put, RecordStore, VersionConflict
 from .store.keys import derive_key
@@ -81,6 +82,7 @@ from .wire import (
     ClaimResponse,
     DetachedClaimRequest,
     HealthBody,
+    HealthCauseBody,
     ListResponse,
     ResultRequest,
     StatusBody,
@@ -91,6 +93,7 @@ log = logging.getLogger("afterword.service")
 CLAIM_CAPABILITY_TTL_MS = 60 * 60 * 1000
 RECOVERY_BATCH = 100
 RETENTION_BATCH = 200
+HEALTH_ID_LIMIT = 100  # ids listed per health cause; the count is always exact
 ResolutionKind = Literal["delivered", "not_delivered", "dead_lettered"]
 
 
@@ -605,7 +608,7 @@ class ContinuationService:
                 expect: dict[str, int | None] = {}
                 for cid in batch:
                     rec = self.repo.get(cid)
-                    if rec is None or rec.state not in SETTLED:
+                    if rec is None or not compactable(rec):
                         continue  # changed since planning: judged again next pass
                     mutations.append(Delete("c/" + cid))
                     expect["c/" + cid] = self.repo.version(cid)
@@ -635,12 +638,30 @@ class ContinuationService:
 
     # -- operator ----------------------------------------------------------------------------
     def continuation_health(self) -> HealthBody:
-        counts = {k: v for k, v in self.repo.state_counts.items() if v > 0}
+        """Health from the current records; each cause names its ids and the command that
+        clears it."""
+        report = assess(
+            self.repo.live(),
+            self.repo.tombstones(),
+            id_limit=HEALTH_ID_LIMIT,
+            config_path=self.config.config_path,
+        )
         return HealthBody(
-            status=health_of(counts, self.repo.history_unrecorded),
-            counts=counts,
-            history_unrecorded=self.repo.history_unrecorded,
-            active=self.repo.active_total,
+            status=report.status,
+            counts=dict(report.counts),
+            history_unrecorded=report.history_unrecorded,
+            active=report.active,
+            causes=[
+                HealthCauseBody(
+                    code=c.code,
+                    status=c.status,
+                    count=c.count,
+                    message=c.message,
+                    ids=list(c.ids),
+                    commands=list(c.commands),
+                )
+                for c in report.causes
+            ],
         )
 
     def _encode_cursor(self, position: tuple[int, str]) -> str:
@@ -703,6 +724,33 @@ class ContinuationService:
             raise Conflict(f"cancel is not allowed in state {tomb.state}")
         rec, _ = await self.transition(cid, lambda r: lifecycle.cancel(r, now))
         return status_body(rec)
+
+    async def acknowledge_continuation(self, cid: str) -> StatusBody:
+        """Record durably that an operator has seen a dead letter, an expiry or a delivery
+        missing from history: it stops affecting health and becomes subject to retention.
+        Idempotent; an unknown delivery must be resolved instead, active work cancelled."""
+        now = self.clock_ms()
+        async with self._locked([cid]):
+            rec = self.repo.get(cid)
+            if rec is None:
+                tomb = self.repo.tombstone(cid)
+                if tomb is None:
+                    raise NotFound(f"no continuation {cid}")
+                acked = lifecycle.acknowledge_tombstone(tomb, now)
+                if acked is None:
+                    return status_body(tomb)
+                key = TOMB_PREFIX + cid
+                await self.store.transact(
+                    [Put(key, encode(acked))], expect={key: self.store.latest_version(key)}
+                )
+                log.info("continuation %s acknowledged by operator", cid)
+                return status_body(acked)
+            new = lifecycle.acknowledge(rec, now)
+            if new is None:
+                return status_body(rec)
+            await self.commit([(rec, new)])
+        log.info("continuation %s acknowledged by operator", cid)
+        return status_body(new)
 
     async def resolve_continuation_delivery(
         self, cid: str, resolution: Resolution | Mapping[str, Any]

@@ -24,6 +24,10 @@ def error_body(e: ErrorInfo | None) -> ErrorDetail | None:
     return None if e is None else ErrorDetail(code=e.code, message=e.message)
 
 
+def _maybe_ms(ms: int | None) -> str | None:
+    return None if ms is None else format_ms(ms)
+
+
 def status_body(rec: Continuation | Tombstone) -> StatusBody:
     if isinstance(rec, Tombstone):
         return StatusBody(
@@ -42,6 +46,7 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
             updated_at=format_ms(rec.terminal_at_ms),
             compacted=True,
             post_unproven=rec.post_unproven,
+            acknowledged_at=_maybe_ms(rec.acknowledged_at_ms),
         )
     return StatusBody(
         continuation_id=rec.id,
@@ -58,6 +63,7 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
         created_at=format_ms(rec.claim.created_at_ms),
         updated_at=format_ms(rec.updated_at_ms or rec.claim.created_at_ms),
         post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
+        acknowledged_at=_maybe_ms(rec.acknowledged_at_ms),
     )
 
 

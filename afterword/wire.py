@@ -73,6 +73,7 @@ class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     updated_at: str
     compacted: bool = False
     post_unproven: bool = False  # an earlier post's outcome was never proven (sticky)
+    acknowledged_at: str | None = None
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,11 +101,23 @@ class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     next_cursor: str | None
 
 
+class HealthCauseBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One reason health is not healthy: which records, and the command that clears it."""
+
+    code: str
+    status: str
+    count: int
+    message: str
+    ids: list[str]  # at most 100, sorted; ``count`` is exact
+    commands: list[str]  # one exact operator command per listed id
+
+
 class HealthBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     status: str
     counts: dict[str, int]
     history_unrecorded: int
     active: int
+    causes: list[HealthCauseBody] = []
 
 
 class ResolveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):

@@ -101,6 +101,21 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
         code, _, _ = cli(server, "continuations", "resolve", hung2["continuationId"], "dead-lettered")
         assert code == 0 and server.status(hung2)["state"] == "dead_lettered"
 
+        # health names each cause's ids and the exact command that clears it; the resolved
+        # dead letter needs nothing more, the other one is cleared by acknowledging it
+        code, out, _ = cli(server, "continuations", "health")
+        assert code == 2 and hung2["continuationId"] not in out
+        (command,) = [line.strip() for line in out.splitlines() if refused["continuationId"] in line]
+        assert command.startswith("afterword continuations acknowledge --config ")
+        done = run_printed(command)
+        assert done.returncode == 0 and done.stdout.strip().endswith("dead_lettered")
+        assert server.status(refused)["acknowledgedAt"] is not None
+        code, out, _ = cli(server, "continuations", "health", "--json")
+        assert code == 0 and json.loads(out)["causes"] == []
+        assert cli(server, "continuations", "acknowledge", refused["continuationId"])[0] == 0  # idempotent
+        code, _, err = cli(server, "continuations", "acknowledge", "c_doesnotexist")
+        assert code == 1 and "not_found" in err
+
         # usage errors exit 2; unknown ids exit 1
         assert cli(server, "continuations", "resolve", hung2["continuationId"], "delivered")[0] == 2
         assert cli(server, "continuations", "resolve", hung2["continuationId"], "maybe")[0] == 2

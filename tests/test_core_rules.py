@@ -1,4 +1,4 @@
-"""Pure rules of the continuation core: deadlines, result checks, capabilities, health.
+"""Pure rules of the continuation core: deadlines, result checks, capabilities, errors.
 
 No disk and no server: every function here takes ``now_ms`` or a key and is deterministic.
 """
@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from afterword.continuations import InvalidRequest, TooLarge
 from afterword.continuations import capabilities as caps
-from afterword.continuations.health import health_of
 from afterword.continuations.model import Claim, ErrorInfo
 from afterword.continuations.rules import (
     MAX_DEADLINE_MS,
@@ -263,23 +262,6 @@ def test_claim_mac_detects_any_altered_field(change: dict[str, object]) -> None:
 
 
 # -- health and bounded errors ---------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("counts", "unrecorded", "expected"),
-    [
-        ({}, 0, "healthy"),
-        ({"delivered": 5, "cancelled": 1}, 0, "healthy"),
-        ({"delivered": 5}, 1, "degraded"),
-        ({"claimed": 1}, 0, "degraded"),
-        ({"delivery_retry": 1}, 0, "degraded"),
-        ({"expired": 1}, 0, "degraded"),
-        ({"dead_lettered": 1, "claimed": 3}, 0, "unhealthy"),
-        ({"delivery_unknown": 1}, 2, "unhealthy"),
-    ],
-)
-def test_health_of(counts: dict[str, int], unrecorded: int, expected: str) -> None:
-    assert health_of(counts, unrecorded) == expected
-
-
 def test_error_info_is_bounded() -> None:
     info = ErrorInfo.bounded("c" * 100, "m" * 5000)
     assert len(info.code) == 64 and len(info.message) == 512

@@ -1,19 +1,146 @@
-"""Health from state counts (pure)."""
+"""Health as a pure function of the current records.
+
+Every non-healthy verdict has causes, and every cause is a fact about named records that an
+operator can change with one command:
+
+=====================  ==========  ==========================================================
+cause                  health      cleared by
+=====================  ==========  ==========================================================
+``delivery_unknown``   unhealthy   ``resolve ID delivered DELIVERY_ID|not-delivered|dead-lettered``
+``dead_lettered``      unhealthy   ``acknowledge ID`` (or ``retry ID``)
+``expired``            degraded    ``acknowledge ID``
+``history_unrecorded`` degraded    ``acknowledge ID`` (a delivered answer missing from history)
+``held``               degraded    ``retry ID`` (delivery waits for an operator)
+``pending``            degraded    finishes by itself, or ``cancel ID``
+=====================  ==========  ==========================================================
+
+A record keeps its cause after compaction (tombstones carry the receipt and the
+acknowledgement), so retention never clears a signal; an acknowledgement does, and only an
+acknowledged or otherwise settled record is subject to retention.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
+
+from .model import Continuation, Tombstone
 
 Health = Literal["healthy", "degraded", "unhealthy"]
 ACTIVE = frozenset({"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"})
+CauseCode = Literal["delivery_unknown", "dead_lettered", "expired", "history_unrecorded", "held", "pending"]
+
+# cause -> (health, operator verb, what follows the id, explanation)
+CAUSES: dict[str, tuple[Health, str, str, str]] = {
+    "delivery_unknown": (
+        "unhealthy",
+        "resolve",
+        " <delivered DELIVERY_ID|not-delivered|dead-lettered>",
+        "delivery outcome unknown: verify externally, then resolve with the verdict",
+    ),
+    "dead_lettered": ("unhealthy", "acknowledge", "", "dead-lettered: inspect, then retry or acknowledge"),
+    "expired": ("degraded", "acknowledge", "", "expired before a result arrived"),
+    "history_unrecorded": (
+        "degraded",
+        "acknowledge",
+        "",
+        "delivered, but the answer could not be appended to conversation history",
+    ),
+    "held": ("degraded", "retry", "", "delivery is held for an operator retry"),
+    "pending": ("degraded", "cancel", "", "work in progress: clears when it finishes, or cancel it"),
+}
+ORDER: tuple[str, ...] = tuple(CAUSES)
+# Causes an acknowledgement clears; the others need a different verb.
+ACKNOWLEDGEABLE = frozenset({"dead_lettered", "expired", "history_unrecorded"})
 
 
-def health_of(counts: Mapping[str, int], history_unrecorded: int) -> Health:
-    """unhealthy: dead letters or unknown deliveries; degraded: pending work, expiries, or a
-    delivered answer missing from history; healthy otherwise."""
-    if counts.get("dead_lettered", 0) or counts.get("delivery_unknown", 0):
-        return "unhealthy"
-    if any(counts.get(s, 0) for s in ACTIVE) or counts.get("expired", 0) or history_unrecorded:
-        return "degraded"
-    return "healthy"
+def attention(rec: Continuation | Tombstone) -> str | None:
+    """The cause this record contributes to health, or None when nobody needs to act."""
+    if rec.state == "delivery_unknown":
+        return "delivery_unknown"
+    if isinstance(rec, Continuation) and rec.state in ACTIVE:
+        if rec.state == "delivery_retry" and rec.next_attempt_at_ms is None and not rec.delivery_in_flight:
+            return "held"
+        return "pending"
+    if rec.acknowledged_at_ms is not None:
+        return None
+    if rec.state == "dead_lettered":
+        return "dead_lettered"
+    if rec.state == "expired":
+        return "expired"
+    if rec.state == "delivered" and rec.receipt is not None and not rec.receipt.history_recorded:
+        return "history_unrecorded"
+    return None
+
+
+@dataclass(frozen=True)
+class Cause:
+    code: str
+    status: Health
+    count: int
+    ids: tuple[str, ...]  # the first ``id_limit`` ids, sorted
+    message: str
+    commands: tuple[str, ...]  # the exact operator command clearing it, one per listed id
+
+
+def clearing_command(code: str, cid: str, config_path: str | None = None, *, unsafe: bool = False) -> str:
+    """``unsafe``: a held record whose earlier post was never proven can be posted only with
+    the explicit opt-in the operator already chose by resolving it as not delivered."""
+    _, verb, tail, _ = CAUSES[code]
+    config = f" --config {shlex.quote(config_path)}" if config_path else ""
+    opt_in = " --allow-unknown" if unsafe else ""
+    return f"afterword continuations {verb}{config} {shlex.quote(cid)}{opt_in}{tail}"
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    status: Health
+    counts: Mapping[str, int]
+    history_unrecorded: int
+    active: int
+    causes: tuple[Cause, ...]
+
+
+def assess(
+    live: Iterable[Continuation],
+    tombstones: Iterable[Tombstone],
+    *,
+    id_limit: int = 100,
+    config_path: str | None = None,
+) -> HealthReport:
+    """Health of a set of records: unhealthy beats degraded beats healthy. ``config_path``
+    goes into the clearing commands so they address the same service."""
+    counts: Counter[str] = Counter()
+    found: dict[str, list[Continuation | Tombstone]] = {code: [] for code in CAUSES}
+    records: list[Continuation | Tombstone] = [*live, *tombstones]
+    for rec in records:
+        counts[rec.state] += 1
+        code = attention(rec)
+        if code is not None:
+            found[code].append(rec)
+    causes = []
+    for code in ORDER:
+        if found[code]:
+            level, _, _, message = CAUSES[code]
+            listed = sorted(found[code], key=lambda r: r.claim.id)[:id_limit]
+            commands = tuple(
+                clearing_command(code, r.claim.id, config_path, unsafe=code == "held" and r.post_unproven)
+                for r in listed
+            )
+            ids = tuple(r.claim.id for r in listed)
+            causes.append(Cause(code, level, len(found[code]), ids, message, commands))
+    status: Health = "healthy"
+    if any(c.status == "unhealthy" for c in causes):
+        status = "unhealthy"
+    elif causes:
+        status = "degraded"
+    return HealthReport(
+        status=status,
+        counts={k: v for k, v in counts.items() if v > 0},
+        history_unrecorded=len(found["history_unrecorded"]),
+        active=sum(counts[s] for s in ACTIVE),
+        causes=tuple(causes),
+    )

@@ -23,6 +23,7 @@ from typing import Literal
 import msgspec
 
 from .errors import Closed, Conflict, InvalidTransition
+from .health import ACKNOWLEDGEABLE, attention
 from .model import (
     FALLBACK_TEXT,
     MAX_DELIVERY_ATTEMPTS,
@@ -34,6 +35,7 @@ from .model import (
     Receipt,
     ResultRecord,
     State,
+    Tombstone,
 )
 
 # event -> states in which it is allowed (the table; awkward cases live in the functions).
@@ -64,6 +66,8 @@ def _require(rec: Continuation, event: str) -> None:
 
 
 def _terminal(rec: Continuation, state: State, now_ms: int, **changes: object) -> Continuation:
+    # A new outcome needs its own acknowledgement: an older one never hides it.
+    changes.setdefault("acknowledged_at_ms", None)
     return msgspec.structs.replace(
         rec,
         state=state,
@@ -333,6 +337,7 @@ def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuatio
         next_attempt_at_ms=now_ms,
         terminal_at_ms=None,
         receipt=None,
+        acknowledged_at_ms=None,
         updated_at_ms=now_ms,
         post_unproven=unproven(rec),
         repost_allowed=unproven(rec),
@@ -384,7 +389,33 @@ def resolve(
             ),
             updated_at_ms=now_ms,
         )
-    return msgspec.structs.replace(rec, state="dead_lettered", terminal_at_ms=now_ms, updated_at_ms=now_ms)
+    # The operator's verdict is itself the acknowledgement: nothing is left to act on.
+    return msgspec.structs.replace(
+        rec, state="dead_lettered", terminal_at_ms=now_ms, acknowledged_at_ms=now_ms, updated_at_ms=now_ms
+    )
+
+
+def acknowledge(rec: Continuation, now_ms: int) -> Continuation | None:
+    """Operator acknowledgement of a terminal outcome that affects health (dead letter,
+    expiry, delivered without history). None when there is nothing (left) to acknowledge."""
+    code = attention(rec)
+    if code is None:
+        return None  # already acknowledged, or an outcome nobody needs to act on
+    if code == "delivery_unknown":
+        raise Conflict("delivery outcome is unknown: resolve it as delivered, not-delivered or dead-lettered")
+    if code not in ACKNOWLEDGEABLE:
+        raise Conflict(f"continuation is still active ({rec.state}); nothing to acknowledge yet")
+    return msgspec.structs.replace(rec, acknowledged_at_ms=now_ms, updated_at_ms=now_ms)
+
+
+def acknowledge_tombstone(tomb: Tombstone, now_ms: int) -> Tombstone | None:
+    """The same verdict for a compacted record (its cause survived compaction)."""
+    code = attention(tomb)
+    if code is None:
+        return None
+    if code not in ACKNOWLEDGEABLE:
+        raise Conflict(f"a compacted {tomb.state} record cannot be acknowledged")
+    return msgspec.structs.replace(tomb, acknowledged_at_ms=now_ms)
 
 
 def backoff_ms(attempt: int, jitter: float, *, base_ms: int = 1000, cap_ms: int = 300_000) -> int:

@@ -117,6 +117,9 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     post_unproven: bool = False
     # The operator retried with allow_unknown; lasts until the record is terminal again.
     repost_allowed: bool = False
+    # An operator acknowledged this terminal outcome (dead letter, expiry, or a delivery
+    # missing from history): it no longer affects health and becomes subject to retention.
+    acknowledged_at_ms: int | None = None
 
     @property
     def id(self) -> str:
@@ -147,6 +150,7 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     # Tombstones written before attempts were kept decode with zeros (their counts are lost).
     attempts: Attempts = Attempts()
     post_unproven: bool = False
+    acknowledged_at_ms: int | None = None
 
 
 class Activation(msgspec.Struct, frozen=True, kw_only=True):

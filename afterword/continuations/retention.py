@@ -2,13 +2,16 @@
 
 Rules:
 
-1. Settled outcomes (delivered, expired, cancelled) are compacted into tombstones, which
-   keep the claim identity, the accepted result's idempotency key and hash, the receipt and
-   the outcome, and drop payload, text and the snapshot reference.
+1. Settled outcomes (delivered, expired, cancelled, and a dead letter once an operator
+   acknowledged it) are compacted into tombstones, which keep the claim identity, the
+   accepted result's idempotency key and hash, the receipt, the attempts, the outcome and
+   its acknowledgement, and drop payload, text and the snapshot reference.
 2. A delivered capture keeps its text while it is among the newest
    ``captured_text_max_records`` captures and younger than ``captured_text_max_age_ms``.
-3. Outcomes that still need an operator (dead_lettered, delivery_unknown) are never
-   compacted or dropped by retention.
+3. An outcome that still needs an operator (``health.attention``: an unknown delivery, an
+   unacknowledged dead letter) is never compacted, and no tombstone that still carries a
+   health cause (an unacknowledged expiry or delivery missing from history) is dropped:
+   retention never clears a signal. Once acknowledged or resolved, every record is bounded.
 4. Tombstones are kept while among the newest ``terminal_max_records`` and younger than
    ``terminal_max_age_ms``; older ones are deleted, ending their idempotency window.
 """
@@ -18,9 +21,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .health import attention
 from .model import Continuation, Tombstone
 
 SETTLED = frozenset({"delivered", "expired", "cancelled"})
+
+
+def compactable(rec: Continuation) -> bool:
+    """Settled, or a dead letter an operator has acknowledged."""
+    if rec.state in SETTLED:
+        return True
+    return rec.state == "dead_lettered" and rec.acknowledged_at_ms is not None
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ def tombstone_of(rec: Continuation) -> Tombstone:
         last_error=rec.last_error,
         attempts=rec.attempts,
         post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
+        acknowledged_at_ms=rec.acknowledged_at_ms,
     )
 
 
@@ -64,7 +76,7 @@ def plan_retention(
     captures: list[Continuation] = []
     settled_now: list[Tombstone] = []
     for rec in live:
-        if rec.state not in SETTLED:
+        if not compactable(rec):
             continue
         if rec.claim.mode == "capture" and rec.state == "delivered" and rec.text is not None:
             captures.append(rec)
@@ -79,7 +91,11 @@ def plan_retention(
             settled_now.append(tombstone_of(rec))
     all_tombs = [*tombs, *settled_now]
     all_tombs.sort(key=lambda t: (t.terminal_at_ms, t.claim.id), reverse=True)
-    for index, tomb in enumerate(all_tombs):
+    index = 0
+    for tomb in all_tombs:
+        if attention(tomb) is not None:
+            continue  # kept (and not counted) until an operator acknowledges it
         if index >= limits.terminal_max_records or now_ms - tomb.terminal_at_ms > limits.terminal_max_age_ms:
             plan.drop.append(tomb.claim.id)
+        index += 1
     return plan

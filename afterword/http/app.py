@@ -205,6 +205,11 @@ def create_app(service: ContinuationService) -> Quart:
         _operator()
         return json_response(await service.cancel_continuation(cid))
 
+    @app.post("/v1/operator/continuations/<cid>/acknowledge")
+    async def op_acknowledge(cid: str) -> Response:
+        _operator()
+        return json_response(await service.acknowledge_continuation(cid))
+
     @app.post("/v1/operator/continuations/<cid>/resolve")
     async def op_resolve(cid: str) -> Response:
         _operator()
