@@ -10,6 +10,7 @@ The app handle::
 from typing import TYPE_CHECKING, Any
 
 from .config import Config, ConfigError, default_config, load_config
+from .continuations.errors import ServiceDisabled
 
 if TYPE_CHECKING:
     from .runtime import open_service
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigError",
     "ContinuationService",
     "Resolution",
+    "ServiceDisabled",
     "__version__",
     "default_config",
     "load_config",

@@ -11,6 +11,7 @@ import anyio
 
 from .blobs import BlobStore
 from .config import Config, load_config
+from .continuations.errors import ServiceDisabled
 from .http.server import HttpServer
 from .legacy import open_state
 from .service import ContinuationService, wall_clock_ms
@@ -31,11 +32,18 @@ async def open_service(
 ) -> AsyncIterator[ContinuationService]:
     """Open the state directory, recover, serve HTTP and run the worker until exit.
 
+    Raises ServiceDisabled (before touching the state directory) when the configuration sets
+    ``continuations.enabled: false``.
+
     On exit the HTTP server stops admitting, in-flight work drains within a bound, and the
     store is closed (everything acknowledged is already durable).
     """
     if not isinstance(config, Config):
         config = load_config(config, environ=environ)
+    if not config.enabled:
+        # Disabled means no surface at all: no state opened, no port bound, no worker, so no
+        # claim (request-bound or detached) can ever be admitted, exactly like `serve`.
+        raise ServiceDisabled()
     store = RecordStore.open(config.state_dir)
     http: HttpServer | None = None
     try:

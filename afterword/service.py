@@ -46,6 +46,7 @@ from .continuations.errors import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    ServiceDisabled,
     Unauthorized,
 )
 from .continuations.health import assess
@@ -153,6 +154,10 @@ class ContinuationService:
         self.admitting_total = 0
         self.work_available = anyio.Event()
         self.on_change: list[Callable[[Continuation | None, Continuation], None]] = []
+
+    def _require_enabled(self) -> None:
+        if not self.config.enabled:
+            raise ServiceDisabled()
 
     # -- urls and keys -----------------------------------------------------------------------
     @property
@@ -294,6 +299,7 @@ class ContinuationService:
 
     async def claim(self, token: str, req: ClaimRequest) -> ClaimResponse:
         """A request-bound claim from a selected server during its MCP request."""
+        self._require_enabled()
         cap_id = parse_claim_token(self._k_claim, token)
         if cap_id is None:
             raise Unauthorized("a valid claim capability is required")
@@ -346,11 +352,13 @@ class ContinuationService:
 
     def authenticate_claim(self, token: str) -> None:
         """Refuse a claim token that this service never issued, before its body is read."""
+        self._require_enabled()
         if parse_claim_token(self._k_claim, token) is None:
             raise Unauthorized("a valid claim capability is required")
 
     def authenticate_detached(self, service_name: str, token: str) -> None:
         """Refuse an unknown detached service or a wrong token (checked from headers alone)."""
+        self._require_enabled()
         service = self.config.detached_services.get(service_name)
         if service is None:
             raise Unauthorized("unknown detached service or wrong token")
@@ -367,6 +375,7 @@ class ContinuationService:
 
     async def detached_claim(self, service_name: str, token: str, req: DetachedClaimRequest) -> ClaimResponse:
         """A claim by a configured detached service on a configured named route."""
+        self._require_enabled()
         self.authenticate_detached(service_name, token)
         route = self.config.named_routes.get(req.route)
         if route is None:
@@ -437,7 +446,12 @@ class ContinuationService:
     def begin_run(
         self, run_id: str, conversation_id: str, reply_to: str | None, mode: str = "reply"
     ) -> RunBinding:
-        """Issue claim capabilities for one agent run (one per selected server)."""
+        """Issue claim capabilities for one agent run (one per selected server).
+
+        Raises ServiceDisabled when the configuration disables continuations: a host must not
+        believe a run can carry continuations that nothing will ever admit.
+        """
+        self._require_enabled()
         if not run_id or not conversation_id:
             raise InvalidRequest("run_id and conversation_id are required")
         if mode not in MODES:
@@ -445,23 +459,22 @@ class ContinuationService:
         if mode in ("reply", "notify_if_actionable") and not reply_to:
             raise InvalidRequest(f"mode {mode} needs the physical reply route")
         caps: dict[str, ClaimCapability] = {}
-        if self.config.enabled:
-            now = self.clock_ms()
-            for server in self.config.continuation_servers:
-                cap_id = base64.urlsafe_b64encode(self._token_bytes(18)).decode().rstrip("=")
-                cap = ClaimCapability(
-                    capability_id=cap_id,
-                    run_id=run_id,
-                    server_name=server,
-                    conversation_id=conversation_id,
-                    reply_to=reply_to,
-                    mode=mode,
-                    fingerprint=fingerprint(run_id, server, conversation_id, reply_to, mode),
-                    token=claim_token(self._k_claim, cap_id),
-                    expires_at_ms=now + CLAIM_CAPABILITY_TTL_MS,
-                )
-                caps[server] = cap
-                self._caps[cap_id] = cap
+        now = self.clock_ms()
+        for server in self.config.continuation_servers:
+            cap_id = base64.urlsafe_b64encode(self._token_bytes(18)).decode().rstrip("=")
+            cap = ClaimCapability(
+                capability_id=cap_id,
+                run_id=run_id,
+                server_name=server,
+                conversation_id=conversation_id,
+                reply_to=reply_to,
+                mode=mode,
+                fingerprint=fingerprint(run_id, server, conversation_id, reply_to, mode),
+                token=claim_token(self._k_claim, cap_id),
+                expires_at_ms=now + CLAIM_CAPABILITY_TTL_MS,
+            )
+            caps[server] = cap
+            self._caps[cap_id] = cap
         return RunBinding(self, run_id, conversation_id, reply_to, mode, caps)
 
     def _forget_capabilities(self, caps: Iterable[ClaimCapability]) -> None:

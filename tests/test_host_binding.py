@@ -225,19 +225,6 @@ async def test_begin_run_rules(tmp_path: Path) -> None:
         assert capture.stdio_env(SERVER)["MONO_AGENT_CONTINUATION_CLAIM_MODE"] == "capture"
 
 
-async def test_disabled_service_issues_no_capability(tmp_path: Path) -> None:
-    async with serving(tmp_path, enabled=False) as h:
-        assert not h.config.enabled
-        binding = h.run()
-        assert list(binding.servers) == []
-        base = {"MONO_AGENT_CONTINUATION_CLAIM_TOKEN": "configured", "PATH": "/bin"}
-        assert binding.stdio_env(SERVER, base) == {"PATH": "/bin"}
-        assert binding.http_headers(SERVER, {"x-mono-agent-continuation-claim-token": "c"}) == {}
-        assert await binding.close() == []
-        assert await binding.finalize(ORIGIN) is None
-        assert h.service.repo.active_total == 0
-
-
 # -- close and drain -------------------------------------------------------------------------
 async def test_close_waits_for_a_claim_inside_admission(tmp_path: Path) -> None:
     """Deterministic race: a claim is paused after admission began (inside the service's

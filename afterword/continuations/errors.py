@@ -54,6 +54,17 @@ class Closed(ContinuationError):
     code = "closed"
 
 
+class ServiceDisabled(Closed):
+    """The configuration sets ``continuations.enabled: false``: no surface admits claims.
+
+    ``open_service`` raises it before opening anything; a service built directly refuses
+    every claim and ``begin_run`` with it (HTTP 410 ``closed``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("continuations are disabled in this configuration (continuations.enabled is false)")
+
+
 class TooLarge(ContinuationError):
     status = 413
     code = "too_large"
