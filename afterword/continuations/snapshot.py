@@ -71,6 +71,37 @@ def _size(msg: SnapshotMessage) -> int:
     return len(msg.content.encode())
 
 
+def newest_whole_turns(
+    messages: Sequence[SnapshotMessage],
+    *,
+    max_messages: int = MAX_MESSAGES,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    max_total_bytes: int = MAX_TOTAL_BYTES,
+) -> list[SnapshotMessage]:
+    """The newest whole turns of ``messages`` that fit the caps, oldest first (maybe none).
+
+    Walking back from the newest turn, the first turn that does not fit ends the walk: older
+    turns are dropped whole, and no message is ever truncated or separated from its turn.
+    """
+    kept: list[list[SnapshotMessage]] = []
+    count = 0
+    total = 0
+    for turn in reversed(split_turns(messages)):
+        t_count = len(turn)
+        t_total = sum(_size(m) for m in turn)
+        fits = (
+            count + t_count <= max_messages
+            and total + t_total <= max_total_bytes
+            and all(_size(m) <= max_message_bytes for m in turn)
+        )
+        if not fits:
+            break
+        kept.append(turn)
+        count += t_count
+        total += t_total
+    return [m for turn in reversed(kept) for m in turn]
+
+
 def build_snapshot(
     conversation_id: str,
     history: Sequence[Mapping[str, object] | SnapshotMessage],
@@ -83,29 +114,17 @@ def build_snapshot(
     messages = [_message(item, i) for i, item in enumerate(history)]
     if len(messages) < 2 or messages[-2].role != "user" or messages[-1].role != "assistant":
         raise SnapshotError("history must end with the origin user/assistant pair")
-    turns = split_turns(messages)
-    kept: list[list[SnapshotMessage]] = []
-    count = 0
-    total = 0
-    for turn in reversed(turns):
-        t_count = len(turn)
-        t_total = sum(_size(m) for m in turn)
-        fits = (
-            count + t_count <= max_messages
-            and total + t_total <= max_total_bytes
-            and all(_size(m) <= max_message_bytes for m in turn)
+    ordered = newest_whole_turns(
+        messages,
+        max_messages=max_messages,
+        max_message_bytes=max_message_bytes,
+        max_total_bytes=max_total_bytes,
+    )
+    if not ordered:
+        raise SnapshotError(
+            "the origin turn alone exceeds the snapshot caps "
+            f"({max_messages} messages, {max_message_bytes} bytes each, {max_total_bytes} total)"
         )
-        if not fits:
-            if not kept:
-                raise SnapshotError(
-                    "the origin turn alone exceeds the snapshot caps "
-                    f"({max_messages} messages, {max_message_bytes} bytes each, {max_total_bytes} total)"
-                )
-            break  # older turns are dropped whole; never a partial turn
-        kept.append(turn)
-        count += t_count
-        total += t_total
-    ordered = [m for turn in reversed(kept) for m in turn]
     return Snapshot(
         conversation_id=conversation_id,
         history_boundary=len(messages),

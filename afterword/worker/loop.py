@@ -25,7 +25,7 @@ from ..continuations.capabilities import verify_claim_mac
 from ..continuations.errors import ContinuationError, InvalidTransition, SnapshotError
 from ..continuations.model import Continuation, Receipt, canonical_claim
 from ..continuations.rules import is_actionable
-from ..continuations.snapshot import MAX_MESSAGES, decode_snapshot
+from ..continuations.snapshot import MAX_MESSAGES, SnapshotMessage, decode_snapshot, newest_whole_turns
 from ..disk import DiskError
 from ..repository import IndexCorrupt
 from ..service import ContinuationService
@@ -269,7 +269,12 @@ class Worker:
             if not claim.conversation_id or self.history is None:
                 return ()
             latest = await self.history.latest(claim.conversation_id, MAX_MESSAGES)
-            return context_messages([m for m in latest if m.role in ("user", "assistant")])
+            # The same caps as an origin snapshot (64 messages, 64 KiB each, 256 KiB in all;
+            # whole oldest turns dropped): the detached context is bounded in bytes too.
+            bounded = newest_whole_turns(
+                [SnapshotMessage(role=m.role, content=m.content) for m in latest if m.role in ("user", "assistant")]
+            )
+            return context_messages(bounded)
         raise Fallback(rec.origin_context)
 
     async def synthesize(self, cid: str) -> None:
