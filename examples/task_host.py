@@ -91,7 +91,8 @@ async def main(state_dir: str) -> int:
             say(f"user turn done: {len(turn.steps)} model steps, {len(turn.tool_results)} tool result(s)")
             (task,) = rt.journal.tasks(SESSION)
             with anyio.fail_after(30):
-                while not rt.journal.require(task.task_id).consumed:
+                # consumed is marked by the automatic turn's first step; wait for the whole turn
+                while not rt.journal.require(task.task_id).consumed or rt.coordinator.busy(SESSION):
                     await anyio.sleep(0.02)
             done = rt.journal.require(task.task_id)
             say(f"task {done.task_id}: state={done.state} exit_code={done.exit_code} "
