@@ -43,6 +43,26 @@ class IndexCorrupt(ContinuationError, StoreCorruptError):
     code = "state_corrupt"
 
 
+def bounded_batches(
+    ids: Sequence[str], size: Callable[[str], int], budget: int, max_count: int
+) -> list[list[str]]:
+    """Split ``ids`` in order into batches of at most ``max_count`` whose ``size`` sums stay
+    within ``budget`` (a single item larger than the budget forms a batch of its own)."""
+    out: list[list[str]] = []
+    batch: list[str] = []
+    used = 0
+    for cid in ids:
+        n = size(cid)
+        if batch and (used + n > budget or len(batch) >= max_count):
+            out.append(batch)
+            batch, used = [], 0
+        batch.append(cid)
+        used += n
+    if batch:
+        out.append(batch)
+    return out
+
+
 def origin_key(rec: Continuation) -> str:
     c = rec.claim
     if c.kind == "detached":

@@ -73,11 +73,13 @@ from .continuations.rules import (
 from .continuations.snapshot import build_snapshot, encode_snapshot
 from .host.binding import ClaimCapability, RunBinding
 from .legacy.migrate import Fence
+from .repository import LIVE as LIVE_PREFIX
 from .repository import TOMB as TOMB_PREFIX
-from .repository import Repository
-from .store import Delete, Put, RecordStore, VersionConflict
+from .repository import Repository, bounded_batches
+from .store import Delete, Put, RecordStore, RecordTooLarge, VersionConflict
 from .store.keys import derive_key
 from .views import list_item, status_body
+from .wal import TransactionTooLarge
 from .wire import (
     ClaimRequest,
     ClaimResponse,
@@ -92,7 +94,8 @@ from .wire import (
 log = logging.getLogger("afterword.service")
 
 CLAIM_CAPABILITY_TTL_MS = 60 * 60 * 1000
-RECOVERY_BATCH = 100
+SETTLE_BATCH = 100  # records per settlement/recovery transaction, at most
+RECORD_SLACK = 1024  # room per record for the change, the key and the framing
 RETENTION_BATCH = 200
 HEALTH_ID_LIMIT = 100  # ids listed per health cause; the count is always exact
 ResolutionKind = Literal["delivered", "not_delivered", "dead_lettered"]
@@ -145,6 +148,8 @@ class ContinuationService:
         self._k_claim_mac = derive_key(secret, "claim-binding")
         self._k_cursor = derive_key(secret, "operator-cursor")
         self.repo = Repository(store)
+        # Half the log's transaction bound: whatever a batch's sizing misses still fits.
+        self.tx_budget = max(64 * 1024, store.options.wal.max_payload // 2)
         self.fence = Fence(store)
         self.hooks = ServiceHooks()
         self._caps: dict[str, ClaimCapability] = {}
@@ -497,13 +502,22 @@ class ContinuationService:
                 out.append(cid)
         return out
 
-    async def _update_run(
-        self,
-        binding: RunBinding,
-        fn: Callable[[Continuation], Continuation],
-        extra: Callable[[list[Continuation]], Sequence[Any]] = lambda _: (),
+    # -- bounded settlement ------------------------------------------------------------------
+    # A run may hold hundreds of records of up to 2 MiB each, so no settlement writes them in
+    # one transaction: records change in batches bounded by bytes (``tx_budget``), and the
+    # group activation marker, committed alone before any record changes, is the commit point
+    # that recovery finishes from. A stop between batches leaves a prefix done; recovery (or
+    # the next settlement call) completes the rest the same way.
+    def _batches(self, ids: Sequence[str]) -> list[list[str]]:
+        def size(cid: str) -> int:
+            stored = self.store.get(LIVE_PREFIX + cid)
+            return (len(stored.value) if stored is not None else 0) + RECORD_SLACK
+
+        return bounded_batches(ids, size, self.tx_budget, SETTLE_BATCH)
+
+    async def _settle_batch(
+        self, ids: Sequence[str], fn: Callable[[Continuation], Continuation]
     ) -> list[Continuation]:
-        ids = self._active_claims_of(binding)
         for _attempt in range(5):
             async with self._locked(ids):
                 pairs = []
@@ -514,15 +528,30 @@ class ContinuationService:
                 if not pairs:
                     return []  # nothing pending: settling again must not cost an fsync
                 try:
-                    await self.commit(pairs, extra=extra([new for _, new in pairs]))
+                    await self.commit(pairs)
                 except VersionConflict:
                     continue
                 return [new for _, new in pairs]
         raise Conflict("origin settlement kept conflicting with concurrent updates")
 
+    def _pending_of(self, binding: RunBinding) -> list[str]:
+        out = []
+        for cid in self._active_claims_of(binding):
+            rec = self.repo.get(cid)
+            if rec is not None and rec.origin_context == "pending":
+                out.append(cid)
+        return out
+
+    async def _update_run(
+        self, binding: RunBinding, fn: Callable[[Continuation], Continuation]
+    ) -> list[Continuation]:
+        out: list[Continuation] = []
+        for batch in self._batches(self._pending_of(binding)):
+            out.extend(await self._settle_batch(batch, fn))
+        return out
+
     async def _finalize_run(self, binding: RunBinding, history: Sequence[Mapping[str, Any]]) -> str | None:
-        ids = [cid for cid in self._active_claims_of(binding) if self.repo.get(cid) is not None]
-        pending = [cid for cid in ids if self.repo.get(cid).origin_context == "pending"]  # type: ignore[union-attr]
+        pending = self._pending_of(binding)
         if not pending:
             return None
         snapshot = build_snapshot(binding.conversation_id, history)
@@ -544,36 +573,48 @@ class ContinuationService:
 
     async def _activate_run(self, binding: RunBinding) -> None:
         now = self.clock_ms()
-        boundary = int(getattr(binding, "history_boundary", 0))
-
-        def marker(recs: list[Continuation]) -> Sequence[Any]:
-            if not recs:
-                return ()
+        pending = self._pending_of(binding)
+        if not pending:
+            return  # nothing pending: activating again must not cost an fsync
+        marker = self.repo.activation(binding.run_id)
+        if marker is None or not set(pending) <= set(marker.claim_ids):
             act = Activation(
                 run_id=binding.run_id,
                 conversation_id=binding.conversation_id,
-                history_boundary=boundary,
+                history_boundary=int(getattr(binding, "history_boundary", 0)),
                 activated_at_ms=now,
-                claim_ids=tuple(r.id for r in recs),
+                claim_ids=tuple(sorted(set(pending) | set(marker.claim_ids if marker else ()))),
             )
-            return (self.repo.activation_put(binding.run_id, act),)
-
-        recs = await self._update_run(binding, lambda rec: lifecycle.activate(rec, now), marker)
-        if recs:
-            log.info("run origin activated for %d continuation(s)", len(recs))
+            self.fence.ensure()  # the marker may be the first native v3 record
+            await self.store.transact([self.repo.activation_put(binding.run_id, act)])
+        recs = await self._update_run(binding, lambda rec: lifecycle.activate(rec, now))
+        log.info("run origin activated for %d continuation(s)", len(recs))
 
     async def _abandon_run(self, binding: RunBinding) -> None:
         now = self.clock_ms()
-        recs = await self._update_run(binding, lambda rec: lifecycle.abandon(rec, now))
+        marker = self.repo.activation(binding.run_id)
+        activated = frozenset(marker.claim_ids) if marker is not None else frozenset()
+
+        def settle(rec: Continuation) -> Continuation:
+            # Past the commit point an origin is activated, never abandoned: an activation
+            # whose materialization was interrupted is finished instead.
+            if rec.id in activated:
+                return lifecycle.activate(rec, now)
+            return lifecycle.abandon(rec, now)
+
+        recs = await self._update_run(binding, settle)
         if recs:
             log.info("run origin abandoned for %d continuation(s)", len(recs))
 
     # -- recovery ----------------------------------------------------------------------------
     async def recover(self) -> int:
         """Finish what a stop interrupted: settle origins, and turn interrupted synthesis or
-        delivery into a non-replayed terminal state. Returns the number of records changed."""
+        delivery into a non-replayed terminal state. Returns the number of records changed.
+
+        Commits in batches bounded by bytes; a record whose new version the store refuses is
+        parked (see :meth:`_park_unwritable`) so that startup always completes."""
         now = self.clock_ms()
-        changes: list[tuple[Continuation, Continuation]] = []
+        changes: dict[str, tuple[Continuation, Continuation]] = {}
         for rec in self.repo.live():
             new = rec
             if new.origin_context == "pending" and new.claim.kind == "interactive":
@@ -586,12 +627,37 @@ class ContinuationService:
             if recovered is not None:
                 new = recovered
             if new != rec:
-                changes.append((rec, new))
-        for i in range(0, len(changes), RECOVERY_BATCH):
-            await self.commit(changes[i : i + RECOVERY_BATCH])
+                changes[rec.id] = (rec, new)
+        for batch in bounded_batches(
+            list(changes), lambda cid: len(encode(changes[cid][1])) + RECORD_SLACK, self.tx_budget, SETTLE_BATCH
+        ):
+            pairs = [changes[cid] for cid in batch]
+            try:
+                await self.commit(pairs)
+            except (RecordTooLarge, TransactionTooLarge):
+                for pair in pairs:
+                    await self._commit_or_park(pair, now)
         if changes:
             log.info("recovery changed %d continuation(s)", len(changes))
         return len(changes)
+
+    async def _commit_or_park(self, pair: tuple[Continuation, Continuation], now: int) -> None:
+        try:
+            await self.commit([pair])
+        except (RecordTooLarge, TransactionTooLarge):
+            await self._park_unwritable(pair[0], now)
+
+    async def _park_unwritable(self, rec: Continuation, now: int) -> None:
+        """A record whose next version does not fit the store: end it where an operator sees
+        it (dead-lettered, or delivery_unknown if posting may have begun), dropping its
+        synthesized text to make room. If even that cannot be written, it is left as it was
+        (health lists it) and startup carries on."""
+        parked = lifecycle.park(rec, "record_too_large", "the record outgrew the store's per-record limit", now)
+        try:
+            await self.commit([(rec, parked)])
+            log.error("continuation %s parked: its next version exceeds the store's limits", rec.id)
+        except (RecordTooLarge, TransactionTooLarge):
+            log.error("continuation %s could not be changed (too large); left for an operator", rec.id)
 
     # -- retention ---------------------------------------------------------------------------
     def retention_limits(self) -> RetentionLimits:

@@ -302,3 +302,12 @@ def test_migrated_delivery_retry_is_scheduled_and_delivered(tmp_path: Path) -> N
     assert [line["text"] for line in outbox_lines(config)] == ["answer waiting for a retry"]
     (rec,) = migrate(config).values()
     assert rec.state == "delivered" and rec.attempts.delivery == 1
+
+
+def test_large_legacy_records_migrate_in_bounded_transactions(tmp_path: Path) -> None:
+    """Six records of 1.5 MiB (9 MiB together, more than one transaction may hold) migrate."""
+    config, state = setup(tmp_path)
+    write_v1(state, [record(f"big-{i}", "delivered", text=f"{i}" + "x" * (1536 * 1024)) for i in range(6)])
+    migrated = by_legacy(migrate(config))
+    assert sorted(migrated) == [f"big-{i}" for i in range(6)]
+    assert all(len(r.text) == 1536 * 1024 + 1 for r in migrated.values())

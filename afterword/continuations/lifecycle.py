@@ -293,6 +293,19 @@ def recover(rec: Continuation, now_ms: int) -> Continuation | None:
     return None
 
 
+def park(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
+    """End a record that cannot be processed where an operator sees it, dropping its text
+    (the bulky part) so the parked version fits. A record whose post may have begun becomes
+    delivery_unknown, never a candidate for a blind repost; a terminal one keeps its state."""
+    slim = msgspec.structs.replace(rec, text=None)
+    error = ErrorInfo.bounded(code, message)
+    if rec.terminal:
+        return msgspec.structs.replace(slim, last_error=error, updated_at_ms=now_ms)
+    if rec.delivery_in_flight or rec.chunk_receipts:
+        return _terminal(slim, "delivery_unknown", now_ms, last_error=error)
+    return _terminal(slim, "dead_lettered", now_ms, last_error=error)
+
+
 # -- operator actions ------------------------------------------------------------------------
 def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
     """Cancel active work. Idempotent for cancelled items; other terminal states are kept."""

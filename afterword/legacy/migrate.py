@@ -23,7 +23,7 @@ from ..config import Config
 from ..continuations.model import Continuation, encode
 from ..continuations.retention import RetentionLimits, plan_retention, tombstone_of
 from ..disk import StateRoot
-from ..repository import LIVE, TOMB
+from ..repository import LIVE, TOMB, bounded_batches
 from ..store import MAX_RECORD_BYTES, Put, RecordStore
 from ..store.keys import derive_key
 from .formats import (
@@ -118,9 +118,12 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
 
     # Phase 3: bounded, idempotent batches.
     items = sorted(normalized.values(), key=lambda c: c.id)
-    for i in range(0, len(items), BATCH):
-        batch = items[i : i + BATCH]
-        store.transact_sync([Put(LIVE + c.id, encode(c)) for c in batch])
+    encoded = {c.id: encode(c) for c in items}
+    # Bounded by bytes as well as count: 100 records of up to 2 MiB would be one transaction
+    # far beyond the log's limit.
+    budget = max(64 * 1024, store.options.wal.max_payload // 2)
+    for batch in bounded_batches([c.id for c in items], lambda cid: len(encoded[cid]) + 256, budget, BATCH):
+        store.transact_sync([Put(LIVE + cid, encoded[cid]) for cid in batch])
         report.batches += 1
         step(f"batch-{report.batches}")
 
