@@ -37,6 +37,20 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily(
             "afterword_worker_queue_depth", "Continuations queued or in progress", value=depth
         )
+        http = getattr(svc, "http_server", None)
+        acceptor = http.acceptor if http is not None else None
+        if acceptor is not None:
+            yield GaugeMetricFamily(
+                "afterword_http_connections", "HTTP connections being served", value=acceptor.active
+            )
+            yield CounterMetricFamily(
+                "afterword_http_connections_refused",
+                "HTTP connections refused at the connection cap",
+                value=acceptor.refused,
+            )
+            yield CounterMetricFamily(
+                "afterword_http_accept_failures", "Failed accept() calls", value=acceptor.accept_failures
+            )
         wal = svc.store.wal.stats
         yield CounterMetricFamily(
             "afterword_wal_commits", "Transactions committed to the WAL", value=wal.commits

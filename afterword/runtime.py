@@ -56,6 +56,7 @@ async def open_service(
         await service.recover()
         await service.apply_retention()
         http = HttpServer(service)
+        service.http_server = http  # type: ignore[attr-defined]
         if serve_http:
             http.bind()  # outside the task group, so a busy port is a plain ServeError
         async with anyio.create_task_group() as tg:

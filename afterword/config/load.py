@@ -97,6 +97,8 @@ class _RawLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename
     synthesis_timeout_ms: int = _LIMIT_DEFAULTS.synthesis_timeout_ms
     delivery_timeout_ms: int = _LIMIT_DEFAULTS.delivery_timeout_ms
     operator_page_size: int = _LIMIT_DEFAULTS.operator_page_size
+    max_connections: int = _LIMIT_DEFAULTS.max_connections
+    body_timeout_ms: int = _LIMIT_DEFAULTS.body_timeout_ms
 
 
 class _RawRetention(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):

@@ -118,6 +118,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     synthesis_timeout_ms: int = 600_000
     delivery_timeout_ms: int = 120_000
     operator_page_size: int = 100
+    # HTTP bounds against slow or numerous clients (docs/http-hardening.md).
+    max_connections: int = 256
+    body_timeout_ms: int = 10_000
 
 
 class Retention(msgspec.Struct, frozen=True, kw_only=True):

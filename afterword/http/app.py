@@ -47,8 +47,6 @@ _HTTP_CODES = {
     429: "admission_limit",
     431: "too_large",
 }
-BODY_TIMEOUT_S = 10.0
-"""A request body must arrive in full within this many seconds of the handler asking for it."""
 
 
 def json_response(body: object, status: int = 200) -> Response:
@@ -124,7 +122,8 @@ def create_app(service: ContinuationService) -> Quart:
     app = Quart("afterword.http", root_path=os.path.dirname(os.path.abspath(__file__)))
     app.config["MAX_CONTENT_LENGTH"] = MAX_RESULT_BODY + 4096
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
-    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
+    # A request body must arrive in full within this long of the handler asking for it.
+    app.config["BODY_TIMEOUT"] = service.config.limits.body_timeout_ms / 1000
     hosts = allowed_hosts(service.config.host, service.config.port)
 
     @app.before_request

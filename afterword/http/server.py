@@ -14,11 +14,11 @@ import socket
 
 import anyio
 from anyio.abc import TaskGroup
-from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
 from ..service import ContinuationService
 from .app import create_app
+from .listener import AcceptLoop, connection_cap, serve_socket
 
 log = logging.getLogger("afterword.http")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -51,6 +51,8 @@ class HttpServer:
         self._stop = anyio.Event()
         self._done = anyio.Event()
         self._sock: socket.socket | None = None
+        self.acceptor: AcceptLoop | None = None
+        """The accept loop while serving (its counters are the connection statistics)."""
 
     def bind(self) -> None:
         """Listen on the configured loopback port now (raises ``ServeError`` at once)."""
@@ -74,13 +76,26 @@ class HttpServer:
         hc.errorlog = logging.getLogger("afterword.hypercorn")
         hc.graceful_timeout = 5.0
         hc.keep_alive_timeout = 30.0
+        # Bounded per connection: the request head, and how much hypercorn queues for the app.
+        hc.h11_max_incomplete_size = 16 * 1024
+        hc.max_app_queue_size = 10
         app = create_app(self.service)
         tg.start_soon(self._run, app, hc)
         log.info("serving on %s", self.service.base_url)
 
     async def _run(self, app: object, hc: HypercornConfig) -> None:
         try:
-            await serve(app, hc, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+            assert self._sock is not None
+            cap = connection_cap(self.service.config.limits.max_connections)
+            if cap < self.service.config.limits.max_connections:
+                log.warning("serving at most %d connections (the descriptor limit allows no more)", cap)
+
+            def started(acceptor: AcceptLoop) -> None:
+                self.acceptor = acceptor
+
+            await serve_socket(
+                app, hc, self._sock, max_connections=cap, shutdown_trigger=self._stop.wait, on_start=started
+            )
         finally:
             self.unbind()
             self._done.set()

@@ -1,0 +1,214 @@
+"""Connection-level defences: malformed requests still get the JSON envelope, connections
+are capped with a clear refusal, bodies have a deadline and a failing accept is logged once
+per burst rather than once per attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from _service import DETACHED_TOKEN, free_port, write_config
+from test_http_protocol import Harness, _raw_exchange, _result_head, serving
+
+from afterword.http.listener import MAX_REFUSALS_IN_FLIGHT, RESERVED_DESCRIPTORS, AcceptLoop, connection_cap
+
+pytestmark = pytest.mark.anyio
+
+
+def acceptor_of(h: Harness) -> AcceptLoop:
+    acceptor: AcceptLoop | None = h.service.http_server.acceptor  # type: ignore[attr-defined]
+    assert acceptor is not None
+    return acceptor
+
+
+async def _exchange(port: int, raw: bytes) -> tuple[str, dict[str, Any]]:
+    return await _raw_exchange(port, raw, [])
+
+
+# -- item 5: malformed requests ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "status", "code"),
+    [
+        ("negative content-length", 400, "invalid_request"),
+        ("non-numeric content-length", 400, "invalid_request"),
+        ("control character in the request line", 400, "invalid_request"),
+        ("100 KB URL", 431, "too_large"),
+        ("100 KB header", 431, "too_large"),
+        ("not HTTP at all", 400, "invalid_request"),
+    ],
+)
+async def test_malformed_requests_get_the_json_envelope(tmp_path: Path, name: str, status: int, code: str) -> None:
+    async with serving(tmp_path) as h:
+        host = f"Host: 127.0.0.1:{h.config.port}\r\n"
+        raw = {
+            "negative content-length": f"POST /v1/continuations/claim HTTP/1.1\r\n{host}Content-Length: -5\r\n\r\n",
+            "non-numeric content-length": f"POST /v1/continuations/claim HTTP/1.1\r\n{host}Content-Length: 12abc\r\n\r\n",
+            "control character in the request line": f"GET /v1/oper\x01ator/health HTTP/1.1\r\n{host}\r\n",
+            "100 KB URL": f"GET /v1/continuations/{'a' * 100_000} HTTP/1.1\r\n{host}\r\n",
+            "100 KB header": f"GET /v1/operator/health HTTP/1.1\r\n{host}X-Big: {'b' * 100_000}\r\n\r\n",
+            "not HTTP at all": "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+        }[name]
+        line, body = await _exchange(h.config.port, raw.encode("latin-1"))
+        assert line.startswith(f"HTTP/1.1 {status}"), line
+        assert set(body) == {"error"} and body["error"]["code"] == code and body["error"]["message"]
+
+
+# -- item 3: connection cap, body deadline, accept failures -------------------------------------
+async def test_connections_beyond_the_cap_are_refused_with_503(tmp_path: Path) -> None:
+    async with serving(tmp_path, limits={"maxConnections": 4}) as h:
+        port = h.config.port
+        held = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(4)]
+        acceptor = acceptor_of(h)
+        with anyio.fail_after(10):
+            while acceptor.active < 4:
+                await anyio.sleep(0.01)
+        request = f"GET /v1/operator/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        line, body = await _exchange(port, request)
+        assert line.startswith("HTTP/1.1 503"), line
+        assert body["error"]["code"] == "too_many_connections"
+        assert acceptor.refused >= 1
+        for stream in held:
+            await stream.aclose()
+        with anyio.fail_after(10):
+            while acceptor.active > 0:
+                await anyio.sleep(0.01)
+        line, body = await _exchange(port, request)
+        assert line.startswith("HTTP/1.1 401"), line  # served again (no operator credential sent)
+
+
+async def test_a_trickled_body_is_cut_off_at_the_deadline(tmp_path: Path) -> None:
+    async with serving(tmp_path, limits={"bodyTimeoutMs": 300}) as h:
+        claim = await h.claimed(h.bind()[1])
+        head = _result_head(h, claim, "Content-Length: 1000")
+        acceptor = acceptor_of(h)
+        baseline = acceptor.active  # the harness client's keep-alive connection
+        started = time.monotonic()
+        line, body = await _raw_exchange(h.config.port, head, [b'{"idempotencyKey":'])
+        assert line.startswith("HTTP/1.1 408"), line
+        assert body["error"]["code"] == "timeout"
+        assert time.monotonic() - started < 8  # well before the 30 s keep-alive bound
+        with anyio.fail_after(10):
+            while acceptor.active > baseline:  # the trickling connection was let go
+                await anyio.sleep(0.01)
+        assert (await h.status(claim)).json()["state"] == "claimed"
+
+
+async def test_accept_failures_are_logged_once_per_burst(caplog: pytest.LogCaptureFixture) -> None:
+    left, right = socket.socketpair()
+    script: list[OSError | socket.socket] = [OSError(errno.EMFILE, "Too many open files")] * 500 + [left]
+    handled: list[socket.socket] = []
+    done = asyncio.Event()
+
+    async def accept() -> socket.socket:
+        if not script:
+            done.set()
+            await asyncio.Event().wait()
+        step = script.pop(0)
+        if isinstance(step, OSError):
+            raise step
+        return step
+
+    async def handle(conn: socket.socket) -> None:
+        handled.append(conn)
+
+    async def no_sleep(_: float) -> None:
+        await asyncio.sleep(0)
+
+    loop = AcceptLoop(accept, handle, 8, sleep=no_sleep)
+    caplog.set_level(logging.WARNING, logger="afterword.http")
+    task = asyncio.ensure_future(loop.run())
+    with anyio.fail_after(10):
+        await done.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    right.close()
+    assert handled == [left] and loop.accept_failures == 500
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1, messages  # the clock did not move: one line for 500 failures
+    assert "Too many open files" in messages[0] and "1 failed attempts" in messages[0]
+
+
+def test_the_cap_fits_under_the_descriptor_limit() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert 1 <= connection_cap(10**9) <= soft - RESERVED_DESCRIPTORS - MAX_REFUSALS_IN_FLIGHT
+    assert connection_cap(5) == 5
+
+
+def test_serve_under_a_low_descriptor_limit_refuses_cleanly(tmp_path: Path) -> None:
+    """The reported run wrote 21,355 tracebacks in 15 s with a low descriptor limit. Here 300
+    connections meet a server limited to 192 descriptors: the excess is refused with a 503
+    and the log stays a handful of lines."""
+    port = free_port()
+    path = write_config(tmp_path, continuations={"port": port, "limits": {"maxConnections": 1000}})
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (192, 192))
+
+    env = {**os.environ, "AFTERWORD_TEST_DETACHED_TOKEN": DETACHED_TOKEN}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "afterword.cli", "serve", "--config", str(path)],
+            stdout=log, stderr=log, env=env, preexec_fn=low_limit,
+        )
+    try:
+        _wait_listening(port, proc)
+        conns: list[socket.socket] = []
+        refused = 0
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            conns.append(s)
+        time.sleep(0.5)
+        for s in conns:
+            s.settimeout(0.05)
+            try:
+                if s.recv(16).startswith(b"HTTP/1.1 503"):
+                    refused += 1
+            except (TimeoutError, OSError):
+                pass
+        assert 300 - refused <= 192 - RESERVED_DESCRIPTORS - MAX_REFUSALS_IN_FLIGHT, refused
+        for s in conns:
+            s.close()
+        # Served again once the crowd is gone (the server notices the closes promptly).
+        end = time.monotonic() + 15
+        answer = b""
+        while time.monotonic() < end and not answer.startswith(b"HTTP/1.1 401"):
+            time.sleep(0.1)
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(f"GET /v1/operator/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                answer = s.recv(64)
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    lines = log_path.read_text().splitlines()
+    assert len(lines) < 10, lines
+    assert not any("cannot accept" in line for line in lines), lines  # the cap kept clear of the limit
+    assert not any("Traceback" in line for line in lines)
+    for line in lines:
+        if line.startswith("{"):
+            json.loads(line)
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        assert proc.poll() is None, "serve exited early"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("serve did not start")
