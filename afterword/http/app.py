@@ -24,6 +24,7 @@ from ..wire import (
     ResultRequest,
     RetryRequest,
 )
+from .openapi import OPENAPI_PATH, openapi_bytes
 from .strictjson import check_body
 
 log = logging.getLogger("afterword.http")
@@ -225,6 +226,12 @@ def create_app(service: ContinuationService) -> Quart:
         from ..metrics import render_metrics
 
         return Response(render_metrics(service), status=200, content_type="text/plain; version=0.0.4")
+
+    document = openapi_bytes()
+
+    @app.get(OPENAPI_PATH)
+    async def openapi() -> Response:
+        return Response(document, status=200, content_type="application/json")
 
     extra_routes: list[Callable[[Quart], None]] = getattr(service, "extra_routes", [])
     for add in extra_routes:

@@ -1,0 +1,309 @@
+"""The OpenAPI 3.1 document of the HTTP service, generated from the msgspec wire types.
+
+Bodies come from :func:`msgspec.json.schema_components` over the same Structs the server
+decodes and encodes, so a field added to a wire type is in the document without anyone
+editing it. The route table below lists each operation's credential and the error statuses
+it can answer; ``tests/test_openapi.py`` checks that every route the app registers is listed
+and that every listed status is actually produced.
+
+``python -m afterword.http.openapi`` prints the document; the copy shipped beside this module
+(``openapi.json``) is checked to equal it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..wire import (
+    ClaimRequest,
+    ClaimResponse,
+    DetachedClaimRequest,
+    ErrorBody,
+    HealthBody,
+    ListResponse,
+    ResolveRequest,
+    ResultRequest,
+    RetryRequest,
+    StatusBody,
+)
+from .strictjson import MAX_JSON_DEPTH
+
+OPENAPI_PATH = "/v1/openapi.json"
+
+_ERRORS = {
+    400: "invalid_request: malformed request, body or parameter, or a Host header that does not "
+    "name this loopback service",
+    401: "unauthorized: no valid credential for this operation",
+    403: "forbidden: the credential does not grant this destination",
+    404: "not_found: no such continuation",
+    408: "timeout: the request body did not arrive within the body deadline",
+    409: "conflict: contradicts what was already accepted, or the state does not allow it",
+    410: "closed: the capability or continuation no longer accepts this",
+    413: "too_large: the body exceeds this route's limit",
+    429: "admission_limit: too many active continuations",
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    security: str | None
+    request: type | None
+    response: type | None  # None: Prometheus text
+    errors: tuple[int, ...]
+    request_optional: bool = False
+    query: tuple[tuple[str, dict[str, Any]], ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+_CID = "/v1/continuations/{cid}"
+_OP = "/v1/operator/continuations/{cid}"
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "post",
+        "/v1/continuations/claim",
+        "claim",
+        "Claim a continuation during an MCP request",
+        "claimCapability",
+        ClaimRequest,
+        ClaimResponse,
+        (400, 401, 408, 409, 410, 413, 429),
+    ),
+    Operation(
+        "post",
+        "/v1/continuations/detached/claim",
+        "detachedClaim",
+        "Claim a continuation on a configured named route (detached service)",
+        "detachedToken",
+        DetachedClaimRequest,
+        ClaimResponse,
+        (400, 401, 403, 408, 409, 413, 429),
+        headers=(("X-Mono-Agent-Service-Name", "The configured detached service's name"),),
+    ),
+    Operation(
+        "put",
+        _CID + "/result",
+        "submitResult",
+        "Submit the one result of a continuation",
+        "resultToken",
+        ResultRequest,
+        StatusBody,
+        (400, 401, 404, 408, 409, 410, 413),
+    ),
+    Operation(
+        "post",
+        _CID + "/result",
+        "submitResultByPost",
+        "Submit the one result (POST form)",
+        "resultToken",
+        ResultRequest,
+        StatusBody,
+        (400, 401, 404, 408, 409, 410, 413),
+    ),
+    Operation(
+        "get",
+        _CID,
+        "status",
+        "Read a continuation's status",
+        "resultToken",
+        None,
+        StatusBody,
+        (400, 401, 404),
+    ),
+    Operation(
+        "get",
+        "/v1/operator/continuations",
+        "listContinuations",
+        "List continuations (keyset pages)",
+        "operatorCapability",
+        None,
+        ListResponse,
+        (400, 401),
+        query=(
+            ("limit", {"type": "string", "pattern": "^[0-9]{1,9}$"}),
+            ("cursor", {"type": "string"}),
+        ),
+    ),
+    Operation(
+        "get",
+        "/v1/operator/health",
+        "health",
+        "Service health",
+        "operatorCapability",
+        None,
+        HealthBody,
+        (400, 401),
+    ),
+    Operation(
+        "post",
+        _OP + "/retry",
+        "retry",
+        "Retry a failed or unknown delivery",
+        "operatorCapability",
+        RetryRequest,
+        StatusBody,
+        (400, 401, 404, 408, 409, 413),
+        request_optional=True,
+    ),
+    Operation(
+        "post",
+        _OP + "/cancel",
+        "cancel",
+        "Cancel a continuation",
+        "operatorCapability",
+        None,
+        StatusBody,
+        (400, 401, 404, 409),
+    ),
+    Operation(
+        "post",
+        _OP + "/acknowledge",
+        "acknowledge",
+        "Acknowledge a dead letter, an expiry or a delivery missing from history",
+        "operatorCapability",
+        None,
+        StatusBody,
+        (400, 401, 404, 409),
+    ),
+    Operation(
+        "post",
+        _OP + "/resolve",
+        "resolve",
+        "Resolve an unknown delivery",
+        "operatorCapability",
+        ResolveRequest,
+        StatusBody,
+        (400, 401, 404, 408, 409, 413),
+    ),
+    Operation(
+        "get",
+        "/v1/operator/metrics",
+        "metrics",
+        "Prometheus metrics",
+        "operatorCapability",
+        None,
+        None,
+        (400, 401),
+    ),
+    Operation(
+        "get",
+        OPENAPI_PATH,
+        "openapi",
+        "This document",
+        None,
+        None,
+        dict,
+        (400,),
+    ),
+)
+
+_SECURITY = {
+    "claimCapability": "The run's claim token, handed to a selected tool server with its MCP request",
+    "resultToken": "The resultToken from the claim response; valid for that continuation only",
+    "detachedToken": "The detached service's configured token (with X-Mono-Agent-Service-Name)",
+    "operatorCapability": "Derived from the state directory's secret by the service's owner",
+}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    ref = "#/components/schemas/{}"
+    doc: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+    params: list[dict[str, Any]] = []
+    if "{cid}" in op.path:
+        params.append({"name": "cid", "in": "path", "required": True, "schema": {"type": "string"}})
+    for name, schema in op.query:
+        params.append({"name": name, "in": "query", "required": False, "schema": schema})
+    for name, description in op.headers:
+        params.append(
+            {
+                "name": name,
+                "in": "header",
+                "required": True,
+                "description": description,
+                "schema": {"type": "string", "minLength": 1},
+            }
+        )
+    if params:
+        doc["parameters"] = params
+    if op.request is not None:
+        doc["requestBody"] = {
+            "required": not op.request_optional,
+            "description": f"JSON; objects may not repeat a key, nesting at most {MAX_JSON_DEPTH} levels",
+            "content": _json({"$ref": ref.format(op.request.__name__)}),
+        }
+    if op.response is None:
+        ok: dict[str, Any] = {
+            "description": "Prometheus text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    elif op.response is dict:
+        ok = {"description": "OpenAPI 3.1 document", "content": _json({"type": "object"})}
+    else:
+        ok = {"description": "OK", "content": _json({"$ref": ref.format(op.response.__name__)})}
+    responses: dict[str, Any] = {"200": ok}
+    for status in op.errors:
+        responses[str(status)] = {"$ref": f"#/components/responses/E{status}"}
+    doc["responses"] = responses
+    doc["security"] = [{op.security: []}] if op.security else []
+    return doc
+
+
+def build_openapi() -> dict[str, Any]:
+    """The document, as a JSON-ready dict."""
+    types = sorted(
+        {t for op in OPERATIONS for t in (op.request, op.response) if isinstance(t, type) and t is not dict}
+        | {ErrorBody},
+        key=lambda t: t.__name__,
+    )
+    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    statuses = sorted({s for op in OPERATIONS for s in op.errors})
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "afterword",
+            "version": "1",
+            "description": (
+                "Durable continuations over loopback HTTP. Every error is the JSON envelope "
+                '{"error": {"code", "message"}}. Besides the statuses listed per operation, any '
+                "request may be answered 503 too_many_connections at the connection cap, and a "
+                "request the HTTP parser cannot read 400 or 431 (see docs/http-hardening.md)."
+            ),
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "responses": {
+                f"E{s}": {
+                    "description": _ERRORS[s],
+                    "content": _json({"$ref": "#/components/schemas/ErrorBody"}),
+                }
+                for s in statuses
+            },
+            "securitySchemes": {
+                name: {"type": "http", "scheme": "bearer", "description": text}
+                for name, text in _SECURITY.items()
+            },
+        },
+    }
+
+
+def openapi_bytes() -> bytes:
+    return msgspec.json.format(msgspec.json.encode(build_openapi()), indent=2) + b"\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.buffer.write(openapi_bytes())
