@@ -138,10 +138,19 @@ def test_health_and_percentiles() -> None:
 
 @pytest.mark.timeout(180)
 def test_sigkill_smoke_under_retention_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    # A retention limit of 5 tombstones makes every restart evict: the verdict must account
-    # for those records by their outbox lines instead of calling them lost.
+    # Services forked from a preloaded fork server, as in the soak (cheaper; the refuse-start
+    # test keeps the cold start). A retention limit of 2 tombstones, with work done between
+    # kills, makes restarts evict: the verdict must account for those records by their outbox
+    # lines, not call them lost.
     report = run_killtest(
-        kills=3, continuations=400, threads=4, seed=1234, workdir=str(tmp_path), terminal_max_records=5
+        kills=3,
+        continuations=400,
+        threads=4,
+        seed=1234,
+        workdir=str(tmp_path),
+        terminal_max_records=2,
+        min_results_per_kill=10,
+        preload=True,
     )
     assert report.ok, report.problems
     assert report.kills == 3 and report.acknowledged_results > 0
@@ -154,7 +163,13 @@ def test_sigkill_smoke_under_retention_loses_and_duplicates_nothing(tmp_path: Pa
 @pytest.mark.timeout(180)
 def test_a_record_deleted_behind_the_services_back_is_flagged(tmp_path: Path) -> None:
     report = run_killtest(
-        kills=1, continuations=60, threads=2, seed=5, workdir=str(tmp_path), plant="delete-record"
+        kills=1,
+        continuations=60,
+        threads=2,
+        seed=5,
+        workdir=str(tmp_path),
+        plant="delete-record",
+        preload=True,
     )
     assert not report.ok
     # Either the service noticed and refused to start, or the record is gone: both fail.
@@ -168,7 +183,12 @@ def test_a_record_deleted_behind_the_services_back_is_flagged(tmp_path: Path) ->
 @pytest.mark.timeout(180)
 def test_a_service_that_refuses_to_start_after_a_kill_is_flagged(tmp_path: Path) -> None:
     report = run_killtest(
-        kills=2, continuations=60, threads=2, seed=5, workdir=str(tmp_path), plant="refuse-start"
+        kills=2,
+        continuations=60,
+        threads=2,
+        seed=5,
+        workdir=str(tmp_path),
+        plant="refuse-start",
     )
     assert not report.ok
     assert report.refused_start is not None and report.refused_start.startswith("after kill 1:")

@@ -21,8 +21,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,6 +32,7 @@ from typing import Any
 import httpx
 
 from .observe import RssSampler, StatusObserver
+from .spawn import start_serve
 from .verdict import TERMINAL, KillReport, Outbox, Seen, expected_health, judge, percentiles
 
 TOKEN = "killtest-detached-token-0123456789"
@@ -56,26 +55,21 @@ def _payload_hash(payload: Any) -> str:
 
 
 class _Server:
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, *, preload: bool = False) -> None:
         self.root = root
         self.base = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.env = {**os.environ, "KILLTEST_TOKEN": TOKEN}
+        self.preload = preload
+        self.proc: Any = None  # subprocess.Popen, or spawn.ForkedServe with preload
         self.killed_at: float | None = None
         self.recovery_ms: list[float] = []  # SIGKILL sent -> the restarted service answers
 
     def pid(self) -> int | None:
         proc = self.proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+        return int(proc.pid) if proc is not None and proc.poll() is None else None
 
     def start(self) -> None:
-        log = open(self.root / "serve.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "afterword.cli", "serve", "--config", str(self.root / "afterword.json")],
-            stdout=log,
-            stderr=log,
-            env=self.env,
-        )
+        config, log = str(self.root / "afterword.json"), str(self.root / "serve.log")
+        self.proc = start_serve(config, log, {"KILLTEST_TOKEN": TOKEN}, preload=self.preload)
         end = time.monotonic() + 60
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -95,7 +89,10 @@ class _Server:
         raise ServiceRefused("afterword serve did not listen within 60 s")
 
     def _log_tail(self) -> str:
-        lines = (self.root / "serve.log").read_text(errors="replace").strip().splitlines()
+        try:
+            lines = (self.root / "serve.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
         return lines[-1][:300] if lines else "(no output)"
 
     def kill(self) -> None:
@@ -207,14 +204,19 @@ def run_killtest(
     observe_rate: float = 50.0,
     plant: str | None = None,
     interval: tuple[float, float] = (0.2, 1.2),
+    preload: bool = False,
+    min_results_per_kill: int = 0,
     progress: Any = None,
 ) -> KillReport:
     """Run the kill test; the kill schedule is reproducible from ``seed``.
 
-    ``continuations`` caps the load; the load also ends once the kills are done.
-    ``terminal_max_records`` sets the service's retention limit (small values make
-    retention evict during a short run). ``interval`` bounds the seconds the service runs
-    between a restart and the next kill (drawn uniformly). ``progress`` is called with a line now and then.
+            ``continuations`` caps the load; the load also ends once the kills are done.
+            ``terminal_max_records`` sets the service's retention limit (small values make
+            retention evict during a short run). ``interval`` bounds the seconds the service runs
+            between a restart and the next kill (drawn uniformly). ``preload`` forks each service from
+        a fork server with afterword imported (see ``spawn``). ``min_results_per_kill`` delays each
+    kill until that many more results were acknowledged (at most 30 s more), so a run on a
+    loaded machine still does work between kills. ``progress`` is called with a line now and then.
     """
     if plant is not None and plant not in PLANTS:
         raise ValueError(f"unknown plant {plant!r} (expected one of {', '.join(PLANTS)})")
@@ -224,7 +226,9 @@ def run_killtest(
     root = Path(tempfile.mkdtemp(prefix="afterword-killtest-", dir=workdir))
     port = _free_port()
     _write_config(root, port, terminal_max_records)
-    server = _Server(root, port)
+    if progress is not None:
+        progress(f"state, outbox and serve.log in {root}")
+    server = _Server(root, port, preload=preload)
     observer = StatusObserver(rate=observe_rate)
     rss = RssSampler(server.pid)
     load = _Producers(server.base, continuations, threads, observer)
@@ -238,15 +242,17 @@ def run_killtest(
                 raise RuntimeError("the planted claim was not acknowledged")
     load_began = time.monotonic()
     workers = load.run()
-    done_kills = 0
+    done_kills = since = 0
     try:
         while done_kills < kills and any(t.is_alive() for t in workers):
             time.sleep(rng.uniform(*interval))
+            _await_results(load, since + min_results_per_kill)
             server.kill()
             done_kills += 1
             if plant is not None and done_kills == 1:
                 _plant(plant, root, load.claims[PLANT_KEY]["continuationId"])
             server.start()
+            since = len(load.results)
             if progress is not None and done_kills % 50 == 0:
                 progress(f"{done_kills} kills, {len(load.claims)} claims, {time.monotonic() - began:.0f} s")
     except ServiceRefused as exc:
@@ -281,6 +287,12 @@ def run_killtest(
     report.load_seconds = round(load_seconds, 1)
     report.seconds = round(time.monotonic() - began, 1)
     return report
+
+
+def _await_results(load: _Producers, target: int) -> None:
+    end = time.monotonic() + 30
+    while len(load.results) < target and time.monotonic() < end and load.next < load.total:
+        time.sleep(0.05)
 
 
 def _plant(kind: str, root: Path, cid: str) -> None:
