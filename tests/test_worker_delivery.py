@@ -158,12 +158,14 @@ async def test_an_unconfirmed_slack_success_is_delivery_unknown_not_retried(
 
 @pytest.mark.anyio
 async def test_a_retryable_failure_is_retried_after_backoff_then_delivered(tmp_path: Path) -> None:
+    # A webhook 5xx is retried with the same Idempotency-Key (a Slack 5xx is an unknown
+    # outcome instead: tests/test_channel_outcomes.py).
     clock = Clock()
-    with FakeSlack(SLACK_TOKEN) as fake:
-        fake.script(FakeSlack.server_error(502))
-        config, env = make_config(tmp_path, slack_block(fake), ENV)
+    with FakeWebhook() as fake:
+        fake.script(FakeWebhook.server_error(502))
+        config, env = make_config(tmp_path, hook_block(fake))
         async with running(config, env, clock=clock) as h:
-            claimed = await reply_run(h.service, h.producer, {"summary": "done"})
+            claimed = await reply_run(h.service, h.producer, {"summary": "done"}, reply_to=HOOK)
             waiting = await wait_state(h.service, claimed.id, ["delivery_retry"])
             assert waiting.last_error is not None and waiting.last_error.code == "http_502"
             assert waiting.next_attempt_at_ms is not None and not waiting.delivery_in_flight

@@ -119,6 +119,16 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+# Slack has no idempotency key, so a failure may be retried only when it proves that nothing
+# was posted. These errors do: the request was refused before any message was created.
+SLACK_NOT_POSTED = {
+    "ratelimited",  # refused by the rate limiter before the method ran
+    "request_timeout",  # the POST body arrived missing or truncated
+}
+# Slack documents these as possibly having done part of the work ("it's possible some aspect
+# of the operation succeeded"): the outcome is unknown even though ok is false.
+SLACK_MAYBE_POSTED = {"internal_error", "fatal_error", "service_unavailable"}
+
 SLACK_PERMANENT = {
     "channel_not_found",
     "not_in_channel",
@@ -136,9 +146,15 @@ SLACK_PERMANENT = {
 
 
 class SlackChannel:
-    """chat.postMessage into the bound thread (``slack:<channel>:<thread_ts>``)."""
+    """chat.postMessage into the bound thread (``slack:<channel>:<thread_ts>``).
+
+    Slack accepts no idempotency key, so only a failure that proves nothing was posted is
+    retried (no connection, a rate limit, a truncated request); a 5xx or an internal error
+    after the request was sent is an unknown outcome for the operator, never a second post.
+    """
 
     max_chunk_chars = 3500
+    can_reconcile = False  # Slack cannot be asked whether a given post exists
 
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
         self._url = base_url.rstrip("/") + "/chat.postMessage"
@@ -164,14 +180,20 @@ class SlackChannel:
         async with httpx.AsyncClient(timeout=self._timeout) as client:
             try:
                 response = await client.post(self._url, json=body, headers=headers)
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):  # no connection: nothing was sent
                 raise RetryableDeliveryError("connect_failed", "could not connect to Slack") from None
         if response.status_code == 429:
             raise RetryableDeliveryError(
                 "rate_limited", "Slack rate limited the post", _retry_after(response)
             )
         if response.status_code >= 500:
-            raise RetryableDeliveryError(f"http_{response.status_code}", "Slack server error")
+            error = _slack_error(response)
+            if error in SLACK_NOT_POSTED:
+                raise RetryableDeliveryError(error, f"Slack refused the post: {error}", _retry_after(response))
+            raise UnconfirmedDeliveryError(
+                f"Slack answered HTTP {response.status_code} after the request was sent; it may have posted",
+                f"http_{response.status_code}",
+            )
         try:
             data = response.json()
         except ValueError:
@@ -187,15 +209,33 @@ class SlackChannel:
             raise RetryableDeliveryError(
                 "rate_limited", "Slack rate limited the post", _retry_after(response)
             )
+        if error in SLACK_MAYBE_POSTED:
+            raise UnconfirmedDeliveryError(f"Slack reported {error}; the post may have happened", error)
         if error in SLACK_PERMANENT or 400 <= response.status_code < 500:
             raise PermanentDeliveryError(error, f"Slack refused the post: {error}")
         raise RetryableDeliveryError(error, f"Slack did not accept the post: {error}")
 
 
+def _slack_error(response: httpx.Response) -> str | None:
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    return error if isinstance(error, str) else None
+
+
 class WebhookChannel:
-    """POST one JSON document per chunk with an ``Idempotency-Key`` header."""
+    """POST one JSON document per chunk with an ``Idempotency-Key`` header.
+
+    A 5xx, 408 or 429 is retried with the same ``Idempotency-Key`` (the chunk's delivery
+    key): that is safe exactly when the receiver drops a key it has already accepted, which
+    this adapter requires of it. A timeout or a dropped connection after sending is still an
+    unknown outcome, because afterword cannot ask the receiver what it kept.
+    """
 
     max_chunk_chars = 16000
+    can_reconcile = False
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, *, timeout_s: float = 30.0) -> None:
         self._url = url
@@ -217,7 +257,7 @@ class WebhookChannel:
         async with httpx.AsyncClient(timeout=self._timeout) as client:
             try:
                 response = await client.post(self._url, json=body, headers=headers)
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):  # no connection: nothing was sent
                 raise RetryableDeliveryError("connect_failed", "could not connect to the webhook") from None
         status = response.status_code
         if status == 429 or status >= 500 or status == 408:

@@ -27,6 +27,10 @@ class PermanentDeliveryError(WorkerError):
 class UnconfirmedDeliveryError(WorkerError):
     """The channel may have posted but did not confirm it: the outcome is unknown, never retried."""
 
+    def __init__(self, message: str, code: str = "delivery_error") -> None:
+        self.code = code
+        super().__init__(message)
+
 
 class SynthesisError(WorkerError):
     """The model call failed; its outcome is treated as ambiguous (never repeated)."""

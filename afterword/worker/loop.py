@@ -31,7 +31,7 @@ from ..repository import IndexCorrupt
 from ..service import ContinuationService
 from ..store import VersionConflict
 from .channels import Channel, ChunkDelivery, ChunkReceipt, split_chunks
-from .errors import PermanentDeliveryError, RetryableDeliveryError
+from .errors import PermanentDeliveryError, RetryableDeliveryError, UnconfirmedDeliveryError
 from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages
 
 log = logging.getLogger("afterword.worker")
@@ -438,6 +438,14 @@ class Worker:
                 ),
             )
             log.info("continuation %s delivery attempt failed (%s)", cid, code)
+            return
+        except UnconfirmedDeliveryError as exc:
+            if receipts:
+                await self._partial(cid, receipts, exc.code)
+                return
+            code, message = exc.code, str(exc)
+            await self._transition(cid, lambda r: lifecycle.delivery_unknown(r, code, message, now()))
+            log.warning("continuation %s: delivery outcome unknown (%s)", cid, code)
             return
         except TimeoutError:
             await self._transition(
