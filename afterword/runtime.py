@@ -53,6 +53,9 @@ async def open_service(
         from .worker.compose import attach_worker  # the worker layer sits above the service
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
+        # Deliveries a crash interrupted on a channel that can prove what it holds are
+        # settled first; recovery then declares only the truly unprovable ones unknown.
+        await worker.reconcile_interrupted()
         await service.recover()
         await service.apply_retention()
         http = HttpServer(service)

@@ -15,6 +15,7 @@ from fakes.synth import RecordingSynth
 
 from afterword.continuations import lifecycle
 from afterword.continuations.model import Continuation
+from afterword.worker import ChunkDelivery, ChunkReceipt
 
 FALLBACK = (
     "The background task finished, but I could not safely restore the original conversation "
@@ -58,6 +59,20 @@ async def test_durable_text_is_delivered_after_restart_without_a_second_synthesi
     assert [line["text"] for line in h.outbox()] == ["persisted text"]
 
 
+class Unprovable:
+    """A channel that cannot say what it holds (like Slack or a webhook): no can_reconcile.
+    The outbox can, and its interrupted deliveries are settled by tests/test_outbox_reconcile.py."""
+
+    max_chunk_chars = 4000
+
+    def __init__(self) -> None:
+        self.posts: list[ChunkDelivery] = []
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        self.posts.append(delivery)
+        return ChunkReceipt(delivery_id=delivery.delivery_key)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("crash_point", "state", "code"),
@@ -71,8 +86,9 @@ async def test_interrupted_work_is_not_replayed_after_restart(
     tmp_path: Path, crash_point: str, state: str, code: str
 ) -> None:
     synth = RecordingSynth("text")
+    channel = Unprovable()
     config, env = make_config(tmp_path)
-    async with running(config, env, synthesizer=synth, run_worker=False) as h:
+    async with running(config, env, synthesizer=synth, run_worker=False, channels={"*": channel}) as h:
         claimed = await reply_run(h.service, h.producer, {"summary": "x"})
         await step(h, claimed.id, lifecycle.begin_synthesis)
         if crash_point != "synthesizing":
@@ -87,14 +103,14 @@ async def test_interrupted_work_is_not_replayed_after_restart(
                     lifecycle.record_chunk(r, "ts-1", now), delivery_in_flight=False
                 ),
             )
-    async with running(config, env, synthesizer=synth) as h2:
+    async with running(config, env, synthesizer=synth, channels={"*": channel}) as h2:
         await anyio.sleep(0.3)
         rec = h2.service.repo.get(claimed.id)
         health = h2.service.continuation_health().status
     assert rec is not None and rec.state == state
     assert rec.last_error is not None and rec.last_error.code == code
     assert health == "unhealthy"
-    assert synth.calls == [] and h.outbox() == []
+    assert synth.calls == [] and channel.posts == []
 
 
 @pytest.mark.anyio

@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -261,6 +262,42 @@ def hold_unproven(rec: Continuation, now_ms: int) -> Continuation:
         next_attempt_at_ms=None,
         last_error=ErrorInfo.bounded("repost_needs_opt_in", UNPROVEN_REFUSAL),
         post_unproven=True,
+        updated_at_ms=now_ms,
+    )
+
+
+def reconcile(
+    rec: Continuation, found: Sequence[str | None], channel_id: str | None, now_ms: int
+) -> Continuation:
+    """After a restart, a channel that can prove what it holds answered for each chunk of an
+    interrupted delivery: its delivery id, or None when that chunk is absent.
+
+    Every chunk present: delivered, with the receipts found. Otherwise nothing unproven is
+    left (the channel holds exactly what ``found`` says and skips what it holds), so the
+    delivery resumes at once; no attempt is counted, the interrupted one already was.
+    """
+    _require(rec, "record_chunk")
+    if not rec.delivery_in_flight and not rec.chunk_receipts:
+        raise InvalidTransition("no interrupted delivery", "reconcile")
+    if found and all(found):
+        receipt = Receipt(
+            kind="posted",
+            delivered_at_ms=now_ms,
+            channel_id=channel_id,
+            delivery_ids=tuple(d for d in found if d is not None),
+        )
+        return _terminal(rec, "delivered", now_ms, receipt=receipt, last_error=None, chunk_receipts=())
+    held = sum(1 for d in found if d is not None)
+    return msgspec.structs.replace(
+        rec,
+        state="delivery_retry",
+        delivery_in_flight=False,
+        chunk_receipts=(),
+        next_attempt_at_ms=now_ms,
+        last_error=ErrorInfo.bounded(
+            "delivery_reconciled",
+            f"interrupted delivery: the channel holds {held} of {len(found)} chunk(s); posting the rest",
+        ),
         updated_at_ms=now_ms,
     )
 

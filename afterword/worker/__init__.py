@@ -1,6 +1,14 @@
 """Worker loop, synthesizers and channel adapters."""
 
-from .channels import Channel, ChunkDelivery, ChunkReceipt, OutboxChannel, SlackChannel, WebhookChannel
+from .channels import (
+    Channel,
+    ChunkDelivery,
+    ChunkReceipt,
+    OutboxChannel,
+    ReconcilingChannel,
+    SlackChannel,
+    WebhookChannel,
+)
 from .errors import PermanentDeliveryError, RetryableDeliveryError, SynthesisError, UnconfirmedDeliveryError
 from .loop import Worker
 from .synth import OpenAISynthesizer, SynthesisRequest, Synthesizer, TemplateSynthesizer
@@ -12,6 +20,7 @@ __all__ = [
     "OpenAISynthesizer",
     "OutboxChannel",
     "PermanentDeliveryError",
+    "ReconcilingChannel",
     "RetryableDeliveryError",
     "SlackChannel",
     "SynthesisError",

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -30,7 +30,7 @@ from ..disk import DiskError
 from ..repository import IndexCorrupt
 from ..service import ContinuationService
 from ..store import VersionConflict
-from .channels import Channel, ChunkDelivery, ChunkReceipt, split_chunks
+from .channels import Channel, ChunkDelivery, ChunkReceipt, ReconcilingChannel, can_reconcile, split_chunks
 from .errors import PermanentDeliveryError, RetryableDeliveryError, UnconfirmedDeliveryError
 from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages
 
@@ -486,6 +486,42 @@ class Worker:
         receipt = posted(recorded, history_code)
         await self._transition(cid, lambda r: lifecycle.delivered(r, receipt, now()))
         log.info("continuation %s delivered (%d chunk(s))", cid, len(receipts))
+
+    async def reconcile_interrupted(self) -> int:
+        """Before recovery: settle deliveries a crash interrupted, where the channel can prove
+        what it holds (the outbox). Each chunk's delivery key is looked up: all present is a
+        delivery with those receipts, anything else resumes and posts only what is missing.
+        Records on channels that cannot reconcile are left to recovery (delivery_unknown).
+        Returns the number of records settled this way."""
+        settled = 0
+        for rec in list(self.service.repo.live()):
+            if rec.state not in ("ready_to_deliver", "delivery_retry") or rec.text is None:
+                continue
+            if not (rec.delivery_in_flight or rec.chunk_receipts) or not rec.claim.reply_to:
+                continue
+            found = self._channel(rec.claim.reply_to)
+            if found is None or not can_reconcile(found[0]) or not self._binding_intact(rec):
+                continue
+            if await self._reconcile_one(rec, rec.text, cast(ReconcilingChannel, found[0])):
+                settled += 1
+        return settled
+
+    async def _reconcile_one(self, rec: Continuation, text: str, channel: ReconcilingChannel) -> bool:
+        now = self.service.clock_ms
+        keys = [f"{rec.id}:{i}" for i in range(len(split_chunks(text, channel.max_chunk_chars)))]
+        try:
+            held = await channel.lookup(keys)
+        except Exception as exc:  # unproven after all: recovery declares it unknown
+            log.warning("continuation %s: reconciliation failed (%s)", rec.id, type(exc).__name__)
+            return False
+        ids = [held[k].delivery_id if k in held else None for k in keys]
+        channel_id = next((r.channel_id for r in held.values()), None)
+        new, _ = await self.service.transition(rec.id, lambda r: lifecycle.reconcile(r, ids, channel_id, now()))
+        if new.state == "delivered":
+            recorded, code = await self.record_history(new)
+            await self.service.transition(rec.id, lambda r: lifecycle.with_history(r, recorded, code, now()))
+        log.info("continuation %s: interrupted delivery reconciled (%s)", rec.id, new.state)
+        return True
 
     def _binding_intact(self, rec: Continuation) -> bool:
         return verify_claim_mac(self.service._k_claim_mac, rec.claim, rec.claim_mac)
