@@ -1,8 +1,14 @@
 """``afterword tasks list|show``: an operator's read view of the task journal.
 
-The journal's record store is owned by one process at a time (an exclusive lock), so this
-view opens it only while the host that writes it is not running; otherwise it says so and
-exits 3. A state directory that does not exist is an empty journal: nothing is created.
+The view reads the store read-only (:func:`afterword.store.open_readonly`: no lock, no repair,
+no checkpoint, nothing written), so it works while the host that owns the journal runs; a
+tail of the log that is not yet durable is simply not shown. A state directory that does not
+exist is an error (exit 3), and nothing is created.
+
+Everything printed is text the terminal shows as text: commands are shell-quoted, times are
+ISO 8601 (UTC), and process output (``show --output``) has terminal escape sequences removed,
+other control characters made visible, and every line prefixed with ``| `` so it cannot pass
+itself off as the view's own frame.
 
 Exit codes: 0 success, 1 no such task, 2 usage error, 3 the journal cannot be opened.
 """
@@ -11,17 +17,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO, cast
 
 import msgspec
 
 from ..disk import DiskError
-from ..store import RecordStore, StoreError, StoreLockedError
+from ..store import Record, RecordStore, StoreError, StoreView, open_readonly
+from ..wal import WalError
 from . import core
+from .errors import TaskJournalCorrupt
 from .journal import TaskJournal
-from .records import TaskRecord
+from .records import SessionControl, TaskRecord
 
 DEFAULT_STATE_DIR = ".mono-agent/tasks"
 STATE_DIR_ENV = "AFTERWORD_TASKS_STATE_DIR"
@@ -29,8 +40,40 @@ SHOW_OUTPUT_BYTES = 64 * 1024
 _json = msgspec.json.Encoder()
 
 
+_TIME_FIELDS = {"createdAt", "startedAt", "endedAt", "committedAt", "deliveredAt", "consumedAt", "updatedAt"}
+# Terminal escape sequences: CSI, OSC (ended by BEL or ST), and two-byte ESC sequences.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+OUTPUT_PREFIX = "| "
+
+
 class JournalUnavailable(Exception):
-    """The journal's state directory exists but cannot be opened (locked or unsafe)."""
+    """The journal's state directory is missing or cannot be read (unsafe or damaged)."""
+
+
+def clean(text: str, *, one_line: bool = True) -> str:
+    """``text`` safe for a terminal: escape sequences removed, other controls made visible."""
+    text = _ESCAPES.sub("", text)
+    if one_line:
+        text = text.replace("\n", "\\n").replace("\t", "\\t")
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                         else f"\\u{ord(m.group()):04x}", text)
+
+
+def iso(seconds: float | None) -> str | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
+class _Snapshot:
+    """Feeds a read-only view's records to a :class:`TaskJournal` (it only reads them)."""
+
+    def __init__(self, view: StoreView) -> None:
+        self.root = view.root
+        self._view = view
+
+    def watch(self, prefix: str, fn: Callable[[str, Record | None, Record | None], None]) -> None:
+        for record in sorted(self._view.items(prefix), key=lambda r: r.key):
+            fn(record.key, None, record)
 
 
 def add_tasks_parser(subparsers: Any) -> None:
@@ -60,23 +103,36 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
+def _camelize(struct: msgspec.Struct) -> dict[str, Any]:
+    view = {_camel(k): v for k, v in msgspec.to_builtins(struct).items()}
+    for key in _TIME_FIELDS & view.keys():
+        view[key] = iso(view[key])
+    return view
+
+
 def task_view(task: TaskRecord) -> dict[str, Any]:
-    """The JSON shape of a task for operators: camelCase record fields plus derived facts."""
-    raw = msgspec.to_builtins(task)
-    view = {_camel(k): v for k, v in raw.items()}
+    """The JSON shape of a task for operators: camelCase record fields (times in ISO 8601)
+    plus derived facts."""
+    view = _camelize(task)
     view["signalName"] = core.signal_name(task.signal)
     view["notificationBlockers"] = core.blockers(task)
     return view
 
 
-def _open(state_dir: str) -> RecordStore | None:
+def control_view(control: SessionControl) -> dict[str, Any]:
+    """A session's switches: interrupted, goal, retries exhausted, last error."""
+    view = _camelize(control)
+    view["retriesExhausted"] = view.pop("awaitingUser")
+    return view
+
+
+def _open(state_dir: str) -> TaskJournal:
     if not os.path.isdir(state_dir):
-        return None
+        raise JournalUnavailable(f"no task journal at {state_dir} (the directory does not exist)")
     try:
-        return RecordStore.open(state_dir)
-    except StoreLockedError as exc:
-        raise JournalUnavailable(f"{exc}; stop the host that owns it to inspect the journal") from None
-    except (StoreError, DiskError) as exc:
+        view = open_readonly(state_dir)
+        return TaskJournal(cast(RecordStore, _Snapshot(view)))
+    except (StoreError, WalError, DiskError, TaskJournalCorrupt) as exc:
         raise JournalUnavailable(str(exc)) from None
 
 
@@ -97,22 +153,44 @@ def _state(task: TaskRecord) -> str:
     return task.state
 
 
-def _print_list(tasks: Sequence[TaskRecord], out: TextIO) -> None:
+def _switches(control: SessionControl) -> str:
+    marks = [
+        ("interrupted", control.interrupted),
+        (f"goal={control.goal}", control.goal != "none"),
+        ("retries-exhausted", control.awaiting_user),
+        (f"model-failures={control.model_failures}", control.model_failures > 0),
+    ]
+    return ",".join(name for name, on in marks if on) or "-"
+
+
+def _print_list(journal: TaskJournal, tasks: Sequence[TaskRecord], out: TextIO) -> None:
     rows = [("TASK", "SESSION", "STATE", "NOTIFY", "FLAGS", "COMMAND")]
     for t in tasks:
-        command = " ".join(t.command)
-        rows.append((t.task_id, t.session_id, _state(t), t.notify, _flags(t), command[:60]))
+        command = clean(shlex.join(t.command))
+        rows.append((t.task_id, clean(t.session_id), _state(t), t.notify, _flags(t), command[:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:5], widths, strict=True)]
         out.write("  ".join([*cells, row[5]]).rstrip() + "\n")
+    for session_id in sorted({t.session_id for t in tasks}):
+        control = journal.control(session_id)
+        switches = _switches(control)
+        if switches != "-" or control.last_error:
+            error = f" last error: {clean(control.last_error)}" if control.last_error else ""
+            out.write(f"session {clean(session_id)}: {switches}{error}\n")
 
 
 def _print_show(journal: TaskJournal, task: TaskRecord, with_output: bool, out: TextIO) -> None:
     for key, value in task_view(task).items():
         if key == "notificationBlockers":
             continue
-        out.write(f"{key}: {value}\n")
+        if key == "command":
+            value = shlex.join(task.command)
+        out.write(f"{key}: {clean(str(value))}\n")
+    control = journal.control(task.session_id)
+    out.write(f"session switches: {_switches(control)}\n")
+    if control.last_error:
+        out.write(f"session last error: {clean(control.last_error)}\n")
     reasons = core.blockers(task)
     if task.delivered:
         out.write(f"notification: delivered as {task.notification_id}\n")
@@ -123,10 +201,9 @@ def _print_show(journal: TaskJournal, task: TaskRecord, with_output: bool, out: 
     if with_output:
         excerpt = journal.read_output_tail(task, SHOW_OUTPUT_BYTES)
         shown = f"last {excerpt.excerpt_bytes} of {excerpt.total_bytes} bytes"
-        out.write(f"--- untrusted process output ({shown}) ---\n")
-        out.write(excerpt.text)
-        if excerpt.text and not excerpt.text.endswith("\n"):
-            out.write("\n")
+        out.write(f"--- untrusted process output ({shown}), each line prefixed {OUTPUT_PREFIX!r} ---\n")
+        for line in excerpt.text.splitlines():
+            out.write(OUTPUT_PREFIX + clean(line) + "\n")
         out.write("--- end of output ---\n")
 
 
@@ -136,36 +213,32 @@ def handle_tasks(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     err = err or sys.stderr
     state_dir = args.state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
     try:
-        store = _open(state_dir)
+        journal = _open(state_dir)
     except JournalUnavailable as exc:
-        err.write(f"afterword tasks: cannot open task journal: {exc}\n")
+        err.write(f"afterword tasks: cannot open task journal: {clean(str(exc))}\n")
         return 3
-    try:
-        journal = TaskJournal(store) if store is not None else None
-        if args.tasks_command == "list":
-            tasks = journal.tasks(args.session) if journal is not None else []
-            if args.json:
-                out.write(_json.encode({"items": [task_view(t) for t in tasks]}).decode() + "\n")
-            else:
-                _print_list(tasks, out)
-            return 0
-        task = journal.get(args.task_id) if journal is not None else None
-        if journal is None or task is None:
-            err.write(f"afterword tasks: no task {args.task_id!r} in {state_dir}\n")
-            return 1
+    if args.tasks_command == "list":
+        tasks = journal.tasks(args.session)
         if args.json:
-            view = task_view(task)
-            if args.output:
-                view["untrustedProcessOutput"] = msgspec.to_builtins(
-                    journal.read_output_tail(task, SHOW_OUTPUT_BYTES)
-                )
-            out.write(_json.encode(view).decode() + "\n")
+            out.write(_json.encode({"items": [task_view(t) for t in tasks]}).decode() + "\n")
         else:
-            _print_show(journal, task, args.output, out)
+            _print_list(journal, tasks, out)
         return 0
-    finally:
-        if store is not None:
-            store.close()
+    task = journal.get(args.task_id)
+    if task is None:
+        err.write(f"afterword tasks: no task {clean(args.task_id)!r} in {state_dir}\n")
+        return 1
+    if args.json:
+        view = task_view(task)
+        view["session"] = control_view(journal.control(task.session_id))
+        if args.output:
+            view["untrustedProcessOutput"] = msgspec.to_builtins(
+                journal.read_output_tail(task, SHOW_OUTPUT_BYTES)
+            )
+        out.write(_json.encode(view).decode() + "\n")
+    else:
+        _print_show(journal, task, args.output, out)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
