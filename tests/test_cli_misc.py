@@ -25,6 +25,7 @@ def test_serve_refuses_when_continuations_are_disabled(tmp_path: Path) -> None:
 
 def test_tasks_subcommand_is_wired_into_afterword(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
+    (tmp_path / "none").mkdir(mode=0o700)  # an empty state directory: an empty journal
     done = subprocess.run(
         [*CLI, "tasks", "list", "--state-dir", str(tmp_path / "none"), "--json"],
         capture_output=True,
@@ -40,3 +41,7 @@ def test_tasks_subcommand_is_wired_into_afterword(tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 1
+    absent = subprocess.run(
+        [*CLI, "tasks", "list", "--state-dir", str(tmp_path / "absent")], capture_output=True, text=True, timeout=60
+    )
+    assert absent.returncode == 3 and "does not exist" in absent.stderr
