@@ -1,0 +1,173 @@
+"""schemathesis against the live service, with real credentials for every route.
+
+The service runs on a real loopback socket (``open_service``, the same HTTP stack and worker
+``afterword serve`` runs) on a thread of its own; schemathesis reads ``/v1/openapi.json``
+from it and sends generated valid and invalid requests to every operation, each with the
+credential that operation needs: a run's claim capability, a detached service's token, the
+result token of a real continuation (whose id is put in the path), the operator capability.
+Claim capabilities exist only inside the serving process, which is why this is not a
+subprocess.
+
+Checked on every response: no 5xx, the status is documented for the operation, the content
+type and body match the document, and every error is exactly the JSON envelope.
+
+``AFTERWORD_SCHEMATHESIS_EXAMPLES`` sets the examples per operation (default 20, about
+30-60 s here); a longer run: ``AFTERWORD_SCHEMATHESIS_EXAMPLES=500 pytest tests/test_schemathesis.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import requests
+import schemathesis
+from _service import DETACHED_TOKEN, ENV, deadline, load, write_config
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+import afterword
+from afterword.operator import read_operator_token
+
+EXAMPLES = int(os.environ.get("AFTERWORD_SCHEMATHESIS_EXAMPLES", "20"))
+pytestmark = pytest.mark.timeout(600)
+
+
+class Live:
+    """The service on its own thread and event loop, with one credential of each kind."""
+
+    def __init__(self, root: Path) -> None:
+        self.config = load(write_config(root))
+        self.base = self.config.base_url
+        self.tokens: dict[str, str] = {}
+        self.cid = ""
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Live:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None or not self._ready.is_set():
+            raise RuntimeError(f"service did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        try:
+            anyio.run(self._main)
+        except BaseException as exc:  # surfaced by __enter__
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        async with afterword.open_service(self.config, environ=ENV) as service:
+            binding = service.begin_run("fuzz-run", "local:fuzz#1", "local:fuzz")
+            self.tokens["claimCapability"] = binding.stdio_env("work-control")["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"]
+            self.tokens["operatorCapability"] = read_operator_token(self.config)
+            self.tokens["detachedToken"] = DETACHED_TOKEN
+            async with httpx.AsyncClient(trust_env=False) as client:
+                r = await client.post(
+                    service.claim_url,
+                    headers={"Authorization": f"Bearer {self.tokens['claimCapability']}"},
+                    json={"taskKey": "seed", "taskHash": "a" * 64, "deadline": deadline()},
+                )
+                r.raise_for_status()
+            self.cid = r.json()["continuationId"]
+            self.tokens["resultToken"] = r.json()["resultToken"]
+            self._ready.set()
+            await anyio.to_thread.run_sync(self._stop.wait)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with Live(tmp_path_factory.mktemp("schemathesis")) as service:
+        yield service
+
+
+def error_envelope(ctx: Any, response: Any, case: Any) -> bool | None:
+    """Every 4xx/5xx is exactly ``{"error": {"code": str, "message": str}}``."""
+    if response.status_code < 400:
+        return None
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"code", "message"}, body
+    assert isinstance(error["code"], str) and error["code"], body
+    assert isinstance(error["message"], str) and error["message"], body
+    return True
+
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    error_envelope,
+]
+
+
+def _fuzz(strategy: Any, headers: dict[str, str], statuses: dict[int, int], session: requests.Session) -> int:
+    """Run one operation's strategy; returns how many requests were sent."""
+    sent = 0
+
+    @given(case=strategy)
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+    )
+    def run(case: Any) -> None:
+        nonlocal sent
+        response = case.call(headers=headers, timeout=10, session=session)
+        sent += 1
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        case.validate_response(response, checks=CHECKS, headers=headers)
+
+    run()
+    return sent
+
+
+def test_api_conforms_to_its_document(live: Live, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = schemathesis.openapi.from_url(live.base + "/v1/openapi.json")
+    session = requests.Session()
+    session.trust_env = False  # the credentials go to the loopback service only
+    counts: dict[str, int] = {}
+    statuses: dict[int, int] = {}
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        raw = operation.definition.raw
+        security = [name for requirement in raw.get("security") or [] for name in requirement]
+        headers = {"Authorization": f"Bearer {live.tokens[security[0]]}"} if security else {}
+        fixed: dict[str, Any] = {}
+        if "{cid}" in operation.path:
+            fixed["path_parameters"] = {"cid": live.cid}
+        if any(p.get("name") == "X-Mono-Agent-Service-Name" for p in raw.get("parameters", [])):
+            fixed["headers"] = {"X-Mono-Agent-Service-Name": "work-control"}
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            label = f"{operation.label} {mode.value}"
+            counts[label] = _fuzz(operation.as_strategy(mode, **fixed), headers, statuses, session)
+    with capsys.disabled():
+        print(f"\nschemathesis: {sum(counts.values())} requests over {len(counts)} operation/mode pairs;"
+              f" statuses {dict(sorted(statuses.items()))}")
+    assert all(counts.values()), counts
+    assert not [s for s in statuses if s >= 500], statuses
