@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from afterword.store import RecordStore, StoreOptions
-from afterword.tasks import ProcessSupervisor, TaskJournal, core, event_id_for, procinfo
+from afterword.tasks import (
+    ProcessSupervisor,
+    TaskJournal,
+    core,
+    event_id_for,
+    parse_notification,
+    procinfo,
+    render_notification,
+)
+from afterword.tasks.render import OutputExcerpt
 from afterword.wal import WalOptions
 
 PY = sys.executable
@@ -104,6 +113,10 @@ async def test_a_host_shutdown_is_not_a_cancel_stop_is_notified(state_dir: str) 
     assert refs == []  # not yet handed off by a tool result; once it is, it needs consumption
     handed = core.commit(core.prepare_commit(ended, tool_result_id="r", reported_terminal=False), now=1.0)
     assert core.eligible(handed) and core.needs_consumption(handed)
+    # The notification tells the model why the task ended.
+    note = render_notification(handed, OutputExcerpt(text="", excerpt_bytes=0, total_bytes=0, truncated=False))
+    facts = parse_notification(note).task
+    assert facts.state == "killed" and facts.error == core.HOST_STOPPED and facts.signal == "SIGTERM"
 
 
 @pytest.mark.anyio

@@ -194,6 +194,8 @@ async def test_a_direct_step_and_a_wake_never_run_at_once(state_dir: str) -> Non
             woke = await coord.wake("s")
             model.gate.set()
         assert woke.reason == "busy" and model.most_active == 1
+        with pytest.raises(RuntimeError, match="step lock"):
+            await runner.step("s")  # a step outside the lock is refused, not run
 
 
 @pytest.mark.anyio

@@ -296,10 +296,12 @@ async def test_retention_prunes_only_settled_tasks(state_dir: str) -> None:
         active = await handed_off(s, 3, ["sleep", "60"], wait=False)
         output = s.journal.require(done).output_path
         assert s.journal.root.exists(output)
+        assert s.journal.root.exists(s.journal.exit_status_path(done))  # the wrapper's record
         ended_at = s.journal.require(done).ended_at or 0.0
         assert await s.journal.prune(now=ended_at + 10, keep_seconds=60) == []  # too recent
         assert await s.journal.prune(now=ended_at + 3600, keep_seconds=60) == [done]
         assert s.journal.get(done) is None and not s.journal.root.exists(output)
+        assert not s.journal.root.exists(s.journal.exit_status_path(done))
         assert {t.task_id for t in s.journal.tasks(S)} == {unconsumed, active}
 
 

@@ -8,7 +8,8 @@ commits on different records still share fsyncs. The in-memory index follows com
 through ``RecordStore.watch``, so nothing is visible before it is durable.
 
 Captured output lives beside the records as ``tasks/<task_id>.out`` under the store's
-owner-only state root, read and written only through the disk seam.
+owner-only state root, read and written only through the disk seam; the command's recorded
+exit status (written by the exit wrapper) as ``tasks/<task_id>.exit``.
 """
 
 from __future__ import annotations
@@ -235,8 +236,9 @@ class TaskJournal:
             tasks = [self.require(t) for t in task_ids]
             await self.store.transact([Delete(k) for k in keys])
         for task in tasks:
-            if self.root.exists(task.output_path):
-                self.root.remove(task.output_path, sync_dir=False)
+            for rel in (task.output_path, self.exit_status_path(task.task_id)):
+                if self.root.exists(rel):
+                    self.root.remove(rel, sync_dir=False)
         if tasks and self.root.exists(OUTPUT_DIR):
             self.root.sync_dir(OUTPUT_DIR)
 
@@ -248,6 +250,12 @@ class TaskJournal:
         return stale
 
     # -- captured output -----------------------------------------------------------------------
+    @staticmethod
+    def exit_status_path(task_id: str) -> str:
+        """Where the exit-status wrapper records how the task's command ended."""
+        check_task_id(task_id)
+        return f"{OUTPUT_DIR}/{task_id}.exit"
+
     @staticmethod
     def output_path(task_id: str) -> str:
         check_task_id(task_id)

@@ -61,10 +61,6 @@ def new_task_id() -> str:
     return "task_" + secrets.token_hex(8)
 
 
-def status_path(task_id: str) -> str:
-    return f"{OUTPUT_DIR}/{task_id}.exit"
-
-
 def bound_output(root: StateRoot, rel: str, limit: int) -> tuple[int, bool]:
     """Cut a finished capture down to ``limit``: the first half, a marker naming how many
     bytes were left out, the last half. Returns ``(bytes printed, truncated)``."""
@@ -211,7 +207,7 @@ class ProcessSupervisor:
         root = self.journal.root
         root.ensure_dir(OUTPUT_DIR)
         output = root.open_file(rel, writable=True, create=True)
-        status = root.path(status_path(task_id))
+        status = root.path(TaskJournal.exit_status_path(task_id))
         temp = root.path(f"{OUTPUT_DIR}/.{task_id}.exit{TEMP_MARK}{task_id}")
         try:
             process = subprocess.Popen(
@@ -264,7 +260,7 @@ class ProcessSupervisor:
 
     def _read_status(self, task_id: str) -> core.ExitStatus | None:
         root = self.journal.root
-        rel = status_path(task_id)
+        rel = TaskJournal.exit_status_path(task_id)
         if not root.exists(rel):
             return None
         try:
