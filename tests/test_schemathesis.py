@@ -11,7 +11,7 @@ subprocess.
 Checked on every response: no 5xx, the status is documented for the operation, the content
 type and body match the document, and every error is exactly the JSON envelope.
 
-``AFTERWORD_SCHEMATHESIS_EXAMPLES`` sets the examples per operation (default 20, about
+``AFTERWORD_SCHEMATHESIS_EXAMPLES`` sets the examples per operation (default 15, about
 30-60 s here); a longer run: ``AFTERWORD_SCHEMATHESIS_EXAMPLES=500 pytest tests/test_schemathesis.py``.
 """
 
@@ -41,7 +41,7 @@ from schemathesis.checks import (
 import afterword
 from afterword.operator import read_operator_token
 
-EXAMPLES = int(os.environ.get("AFTERWORD_SCHEMATHESIS_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("AFTERWORD_SCHEMATHESIS_EXAMPLES", "15"))
 pytestmark = pytest.mark.timeout(600)
 
 

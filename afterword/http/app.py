@@ -81,6 +81,11 @@ def _decode(kind: type[T], data: bytes) -> T:
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise InvalidRequest("Content-Type must be application/json")
+    return decode_json(kind, data)
+
+
+def decode_json(kind: type[T], data: bytes) -> T:
+    """A request body of wire type ``kind``; any defect is :class:`InvalidRequest`."""
     check_body(data)
     try:
         return _decoders[kind].decode(data)  # type: ignore[no-any-return]
