@@ -60,6 +60,10 @@ async def test_open_recovers_in_order_and_the_session_moves_on(state_dir: str) -
             Message(id="r1", role="tool", content="started", tool_call_id="c1"),
             Message(id="a2", role="assistant", content="", tool_calls=(ToolCall(id="c2", name="slow"),)),
         ])
+        # The turn that opened c2 was running when the host died: its durable marker says so.
+        await journal.update_control("s", lambda c: core.turn_began(c, now=4.0))
+        # Another writer's conversation with a call in flight: not ours to answer.
+        await history.append("other", [Message(id="q", role="assistant", content="", tool_calls=("c9",))])
     with RecordStore.open(state_dir, disk=NoSyncDisk(), options=SMALL) as store:
         async with TaskRuntime.open(store, model, make_tools=lambda rt: no_tools) as rt:
             assert rt.journal.require("t1").committed  # step 2: the result was already in the history
@@ -67,6 +71,8 @@ async def test_open_recovers_in_order_and_the_session_moves_on(state_dir: str) -
                 while not rt.journal.require("t1").consumed:  # step 5 delivered and woke the session
                     await anyio.sleep(0.01)
             messages = await rt.history.latest("s", 20)
+            assert open_tool_calls(await rt.history.latest("other", 20)) == {"c9"}
+            assert not rt.journal.control("s").turn_open
     assert not open_tool_calls(messages)  # step 4 answered the call the crash left open
     ids = [m.id for m in messages]
     assert ids.index("tool-result:c2") < next(i for i, m in enumerate(messages) if m.meta.get("kind") == NOTIFICATION_KIND)

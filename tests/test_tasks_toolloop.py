@@ -264,6 +264,7 @@ async def test_a_failing_or_interrupted_tool_still_closes_its_call(state_dir: st
             await coord2.user_turn("s2", Message(id="u2", role="user", content="go"))
         messages = await history.latest("s2", 50)
         assert not open_tool_calls(messages) and messages[-1].role == "tool"
+        assert not journal.control("s2").turn_open  # the marker is cleared even when cut short
 
 
 def test_tool_calls_carry_name_and_arguments_and_old_records_still_read() -> None:

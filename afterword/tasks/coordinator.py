@@ -176,6 +176,18 @@ class ExecutionCoordinator:
                 self._after_turn(session_id)
 
     async def _turn(self, session_id: str, user_message: Message | None) -> TurnResult:
+        if self.tools is None:
+            return await self._loop(session_id, user_message)
+        # Durable marker: tool calls this turn opens are this coordinator's to answer, also
+        # after a crash (see close_open_calls).
+        await self.journal.update_control(session_id, lambda c: core.turn_began(c, now=self.clock()))
+        try:
+            return await self._loop(session_id, user_message)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
+
+    async def _loop(self, session_id: str, user_message: Message | None) -> TurnResult:
         steps = [await self.runner.step(session_id, user_message)]
         results: list[Message] = []
         open_calls: list[ToolCall] = []
@@ -225,18 +237,20 @@ class ExecutionCoordinator:
         return written
 
     async def close_open_calls(self, session_id: str) -> list[Message]:
-        """Answer tool calls a turn cut short by a crash left open (recovery, when this
-        coordinator owns the tool loop): an open call would block every later step."""
+        """Answer tool calls a turn of this coordinator left open when it crashed (recovery):
+        an open call would block every later step. Only sessions whose control record says a
+        turn was running are touched; other writers' conversations are not ours to close."""
         async with self.runner.lock(session_id):
+            if not self.journal.control(session_id).turn_open:
+                return []
             window = await self.runner.history.latest(session_id, self.runner.context_limit)
             still_open = open_tool_calls(window)
             calls = [c for m in window for c in m.calls() if c.id in still_open]
-            if not calls:
-                return []
             result = ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)
             messages = [tool_result_message(c, result) for c in calls]
             for message in messages:
                 await self.processor.commit_tool_result(session_id, message)
+            await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
             return messages
 
     def _after_turn(self, session_id: str) -> None:

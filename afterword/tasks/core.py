@@ -447,6 +447,16 @@ def user_input(control: SessionControl, *, now: float) -> SessionControl:
     return _replace(control, interrupted=False, awaiting_user=False, model_failures=0, updated_at=now)
 
 
+def turn_began(control: SessionControl, *, now: float) -> SessionControl:
+    """A turn that runs the tool loop started: a crash before :func:`turn_ended` leaves calls
+    only this turn would have answered, and recovery closes them."""
+    return _replace(control, turn_open=True, updated_at=now)
+
+
+def turn_ended(control: SessionControl, *, now: float) -> SessionControl:
+    return control if not control.turn_open else _replace(control, turn_open=False, updated_at=now)
+
+
 def interrupted(control: SessionControl, *, now: float) -> SessionControl:
     return _replace(control, interrupted=True, updated_at=now)
 

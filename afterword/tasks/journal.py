@@ -163,6 +163,11 @@ class TaskJournal:
     def sessions(self) -> list[str]:
         return sorted(s for s, ids in self._by_session.items() if ids)
 
+    def controls(self) -> list[SessionControl]:
+        """Every stored session control record."""
+        self._check()
+        return sorted(self._controls.values(), key=lambda c: c.session_id)
+
     def control(self, session_id: str) -> SessionControl:
         self._check()
         return self._controls.get(session_id) or SessionControl(session_id=session_id)

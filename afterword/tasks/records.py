@@ -78,6 +78,7 @@ class SessionControl(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     model_failures: int = 0  # consecutive failed model steps
     awaiting_user: bool = False  # model retries exhausted: only new user input resumes
     last_error: str | None = None
+    turn_open: bool = False  # a coordinator turn (tool loop included) began and has not ended
     updated_at: float = 0.0
 
 

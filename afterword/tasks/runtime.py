@@ -8,8 +8,9 @@ returns:
    reads the recorded exit status of the ended ones, ``lost`` only without a record);
 2. tool results that reached the history but were not marked ``committed`` are marked;
 3. notifications that reached the history but were not marked ``delivered`` are marked;
-4. with a tool executor, tool calls a crashed turn left open get an "interrupted" result,
-   so they cannot block the session;
+4. tool calls that a coordinator turn left open when the host crashed get an "interrupted"
+   result, so they cannot block the session (conversations no such turn was running in are
+   left alone);
 5. the coordinator's background loop starts: it delivers what is ready and wakes every
    session that has something pending, then follows the journal.
 
@@ -92,9 +93,9 @@ class TaskRuntime:
                 coordinator.tools = make_tools(runtime)
             await processor.recover()  # step 2
             await notifications.reconcile()  # step 3
-            if coordinator.tools is not None:  # step 4
-                for session_id in journal.sessions():
-                    await coordinator.close_open_calls(session_id)
+            for control in journal.controls():  # step 4
+                if control.turn_open:
+                    await coordinator.close_open_calls(control.session_id)
             async with anyio.create_task_group() as tg:
                 await tg.start(coordinator.run)  # step 5
                 try:
