@@ -68,7 +68,8 @@ async def test_open_recovers_in_order_and_the_session_moves_on(state_dir: str) -
         async with TaskRuntime.open(store, model, make_tools=lambda rt: no_tools) as rt:
             assert rt.journal.require("t1").committed  # step 2: the result was already in the history
             with anyio.fail_after(20):
-                while not rt.journal.require("t1").consumed:  # step 5 delivered and woke the session
+                # step 5 delivered and woke the session; wait for that turn to end
+                while not rt.journal.require("t1").consumed or rt.coordinator.busy("s"):
                     await anyio.sleep(0.01)
             messages = await rt.history.latest("s", 20)
             assert open_tool_calls(await rt.history.latest("other", 20)) == {"c9"}
