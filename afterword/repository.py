@@ -63,6 +63,14 @@ def bounded_batches(
     return out
 
 
+def referenced_blobs(rec: Continuation) -> tuple[str, ...]:
+    """The blobs a record pins: its origin snapshot and an out-of-line result payload."""
+    refs: tuple[str, ...] = (rec.snapshot_digest,) if rec.snapshot_digest else ()
+    if rec.result is not None and rec.result.payload_digest is not None:
+        refs = (*refs, rec.result.payload_digest)
+    return refs
+
+
 def origin_key(rec: Continuation) -> str:
     c = rec.claim
     if c.kind == "detached":
@@ -219,8 +227,7 @@ class Repository:
     # -- writes ------------------------------------------------------------------------------
     @staticmethod
     def put(rec: Continuation) -> Put:
-        blobs = (rec.snapshot_digest,) if rec.snapshot_digest else ()
-        return Put(LIVE + rec.id, encode(rec), blobs)
+        return Put(LIVE + rec.id, encode(rec), referenced_blobs(rec))
 
     async def save(
         self, records: Sequence[Continuation], *, extra: Sequence[Mutation] = (), create: bool = False

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import msgspec
 
-from .blobs import BlobStore
+from .blobs import BlobCorruptError, BlobStore
 from .config import Config
 from .config import detached_token as read_detached_token
 from .continuations import lifecycle
@@ -45,12 +46,14 @@ from .continuations.errors import (
     Conflict,
     Forbidden,
     InvalidRequest,
+    InvalidTransition,
     NotFound,
     ServiceDisabled,
     Unauthorized,
 )
 from .continuations.health import assess
 from .continuations.model import (
+    INLINE_PAYLOAD_MAX,
     MODES,
     Activation,
     Claim,
@@ -63,6 +66,7 @@ from .continuations.model import (
 )
 from .continuations.retention import RetentionLimits, compactable, plan_retention, tombstone_of
 from .continuations.rules import (
+    MAX_RESULT_BODY,
     check_deadline_window,
     check_result,
     check_task_hash,
@@ -97,8 +101,16 @@ CLAIM_CAPABILITY_TTL_MS = 60 * 60 * 1000
 SETTLE_BATCH = 100  # records per settlement/recovery transaction, at most
 RECORD_SLACK = 1024  # room per record for the change, the key and the framing
 RETENTION_BATCH = 200
+PAYLOADS_DIR = "payloads"
+PAYLOAD_QUOTA = 1 << 50  # no quota of its own: bounded by the records that reference them
 HEALTH_ID_LIMIT = 100  # ids listed per health cause; the count is always exact
 ResolutionKind = Literal["delivered", "not_delivered", "dead_lettered"]
+
+
+def open_payload_store(store: RecordStore) -> BlobStore:
+    return BlobStore(
+        store.root, store.secret, rel_dir=PAYLOADS_DIR, quota=PAYLOAD_QUOTA, max_blob=MAX_RESULT_BODY
+    )
 
 
 def wall_clock_ms() -> int:
@@ -130,6 +142,7 @@ class ContinuationService:
         store: RecordStore,
         blobs: BlobStore,
         *,
+        payloads: BlobStore | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         token_bytes: Callable[[int], bytes] = secrets.token_bytes,
         environ: Mapping[str, str] | None = None,
@@ -137,6 +150,9 @@ class ContinuationService:
         self.config = config
         self.store = store
         self.blobs = blobs
+        # Out-of-line result payloads: their own directory, outside the snapshot quota (the
+        # admission limits already bound how many results can be live).
+        self.payloads = payloads if payloads is not None else open_payload_store(store)
         self.clock_ms = clock_ms
         self._token_bytes = token_bytes
         self._environ = environ if environ is not None else os.environ
@@ -427,18 +443,47 @@ class ContinuationService:
                     raise Closed(f"continuation is {tomb.state}")
                 raise Conflict("a different result was already accepted for this continuation")
             now = self.clock_ms()
-            result = ResultRecord(
-                idempotency_key=req.idempotency_key,
-                payload_hash=req.payload_hash,
-                payload=canonical,
-                received_at_ms=now,
+            probe = ResultRecord(
+                idempotency_key=req.idempotency_key, payload_hash=req.payload_hash, received_at_ms=now
             )
-            new = lifecycle.submit_result(rec, result, now)
-            if new is None:
-                return status_body(rec)
-            await self.commit([(rec, new)])
+            if lifecycle.submit_result(rec, probe, now) is None:
+                return status_body(rec)  # an identical repeat: nothing to store
+            digest = None
+            if len(canonical) > INLINE_PAYLOAD_MAX:
+                # Out of line, so records stay small (see docs/storage-format.md): written and
+                # fsynced before the record that references it commits, pinned until then.
+                digest = await anyio.to_thread.run_sync(self.payloads.put, canonical)
+            try:
+                result = msgspec.structs.replace(
+                    probe,
+                    payload=b"" if digest is not None else canonical,
+                    payload_digest=digest,
+                )
+                new = lifecycle.submit_result(rec, result, now)
+                assert new is not None
+                await self.commit([(rec, new)])
+            finally:
+                if digest is not None:
+                    self.payloads.unpin(digest)
             log.info("continuation %s result received%s", cid, " (deferred)" if new.deferred else "")
             return status_body(new)
+
+    async def result_payload(self, rec: Continuation) -> bytes:
+        """The accepted payload's bytes, inline or read back from the payload blob store and
+        checked against both its blake3 name and the accepted payloadHash.
+
+        Raises:
+            BlobError: the payload blob is missing or does not match its digests.
+        """
+        result = rec.result
+        if result is None:
+            raise InvalidTransition(rec.state, "read result")
+        if result.payload_digest is None:
+            return result.payload
+        data = await anyio.to_thread.run_sync(self.payloads.get, result.payload_digest)
+        if hashlib.sha256(data).hexdigest() != result.payload_hash:
+            raise BlobCorruptError(f"payload {result.payload_digest}: does not match the accepted payloadHash")
+        return data
 
     def status(self, cid: str, token: str) -> StatusBody:
         self._check_result_token(cid, token)
@@ -705,7 +750,8 @@ class ContinuationService:
                 dropped += len(batch)
         # On the loop thread: the referenced set and the sweep must see the same moment, or a
         # blob committed (and unpinned) in between could be judged unreferenced.
-        swept = self.blobs.sweep(self.store.referenced_blobs())
+        referenced = self.store.referenced_blobs()
+        swept = self.blobs.sweep(referenced) + self.payloads.sweep(referenced)
         if compacted or dropped or swept:
             log.info(
                 "retention: %d compacted, %d tombstones dropped, %d blobs swept",

@@ -101,8 +101,11 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
         code, _, _ = cli(server, "continuations", "resolve", hung2["continuationId"], "dead-lettered")
         assert code == 0 and server.status(hung2)["state"] == "dead_lettered"
 
-        # health names each cause's ids and the exact command that clears it; the resolved
-        # dead letter needs nothing more, the other one is cleared by acknowledging it
+        # health names each cause's ids and the exact command that clears it; acknowledging
+        # both dead letters clears it
+        code, out, _ = cli(server, "continuations", "health")
+        assert code == 2 and hung2["continuationId"] in out
+        assert cli(server, "continuations", "acknowledge", hung2["continuationId"])[0] == 0
         code, out, _ = cli(server, "continuations", "health")
         assert code == 2 and hung2["continuationId"] not in out
         (command,) = [line.strip() for line in out.splitlines() if refused["continuationId"] in line]

@@ -103,9 +103,9 @@ def test_acknowledge_rules() -> None:
         lc.begin_delivery(retried, NOW), retryable=False, code="x", message="y", next_attempt_at_ms=None, now_ms=NOW
     )
     assert again.state == "dead_lettered" and attention(again) == "dead_lettered"
-    # Resolving an unknown delivery as dead-lettered is the operator's verdict: acknowledged.
+    # Resolving an unknown delivery as dead-lettered leaves a dead letter to acknowledge.
     resolved = lc.resolve(rec("u", "delivery_unknown"), "dead_lettered", None, NOW)
-    assert attention(resolved) is None
+    assert attention(resolved) == "dead_lettered"
     tomb = tombstone_of(rec("e", "expired"))
     acked_tomb = lc.acknowledge_tombstone(tomb, NOW)
     assert acked_tomb is not None and attention(acked_tomb) is None

@@ -133,16 +133,19 @@ async def test_dead_letters_and_unknown_deliveries_are_bounded_once_handled(tmp_
             pending = await svc.detached_claim(
                 "work-control",
                 DETACHED_TOKEN,
-                DetachedClaimRequest(route="daily-attention", task_key="p", task_hash="h", deadline=deadline(3)),
+                DetachedClaimRequest(route="daily-attention", task_key="p", task_hash="h", deadline=deadline(10)),
             )
             with pytest.raises(Conflict, match="active"):
                 await svc.acknowledge_continuation(pending.continuation_id)
             await svc.acknowledge_continuation(dead.id)
             await svc.resolve_continuation_delivery(unknown.id, {"kind": "dead_lettered"})
             health = svc.continuation_health()
-            assert [c.code for c in health.causes] == ["pending"]
+            assert [(c.code, c.ids) for c in health.causes] == [("dead_lettered", [unknown.id]), ("pending", [pending.continuation_id])]
+            assert (await svc.apply_retention())[:2] == (1, 0)  # only the acknowledged one
+            await svc.acknowledge_continuation(unknown.id)
+            assert [c.code for c in svc.continuation_health().causes] == ["pending"]
             clock.advance(2 * DAY)
             compacted, dropped, _ = await svc.apply_retention()
             for cid in (dead.id, unknown.id):
                 assert svc.repo.get(cid) is None and svc.repo.tombstone(cid) is None
-            assert (compacted, dropped) == (2, 0)  # past the age bound: no tombstone is even written
+            assert (compacted, dropped) == (1, 0)  # past the age bound: no tombstone is even written

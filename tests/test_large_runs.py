@@ -40,6 +40,15 @@ async def test_large_run_finalizes_activates_and_abandons(tmp_path: Path) -> Non
     async with running(config, env) as h:
         svc = h.service
         binding, claims = await run_with_large_results(svc, h.producer, "big-a")
+        # Records stay small: the payloads live out of line, pinned by their records.
+        digests = set()
+        for c in claims:
+            stored = svc.store.get("c/" + c.id)
+            assert stored is not None and len(stored.value) < 4096
+            rec = svc.repo.get(c.id)
+            assert rec is not None and rec.result is not None and rec.result.payload_digest in stored.blobs
+            digests.add(rec.result.payload_digest)
+        assert len(digests) == RESULTS and all(d in svc.payloads for d in digests)
         assert await binding.finalize(list(ORIGIN_HISTORY)) is not None  # type: ignore[attr-defined]
         await binding.activate()  # type: ignore[attr-defined]
         other, abandoned = await run_with_large_results(svc, h.producer, "big-b")
@@ -48,6 +57,9 @@ async def test_large_run_finalizes_activates_and_abandons(tmp_path: Path) -> Non
             assert (await wait_state(svc, c.id, timeout=120)).state == "delivered"
         assert {svc.repo.get(c.id).origin_context for c in claims} == {"pinned"}  # type: ignore[union-attr]
         assert {svc.repo.get(c.id).origin_context for c in abandoned} == {"abandoned"}  # type: ignore[union-attr]
+        await svc.apply_retention()  # compacted: the payload blobs lose their last reference
+        assert not any(d in svc.payloads for d in digests)
+        assert not (Path(config.state_dir) / "payloads" / next(iter(digests))).exists()
     texts = [line["text"] for line in h.outbox()]
     assert sorted(t for t in texts if "big-a" in t) == sorted(
         f"Update on your earlier request: big-a part {i}" for i in range(RESULTS)
@@ -93,3 +105,47 @@ async def test_a_record_that_cannot_grow_is_parked_and_startup_completes(tmp_pat
         assert parked.last_error is not None and parked.last_error.code == "record_too_large"
         health = h2.service.continuation_health()
         assert health.status == "unhealthy" and health.causes[0].ids == [claimed.id]
+
+
+async def test_payload_blob_is_verified_and_a_damaged_one_is_parked(tmp_path: Path) -> None:
+    config, env = make_config(tmp_path)
+    async with running(config, env, run_worker=False) as h:
+        claimed = await h.producer.detached(h.service.base_url, "daily-attention", "damaged")
+        response = await h.producer.submit(claimed, {"summary": "s", "detail": DETAIL})
+        assert response.status_code == 200
+        rec = h.service.repo.get(claimed.id)
+        assert rec is not None and rec.result is not None and rec.result.payload_digest is not None
+        digest = rec.result.payload_digest
+    blob = Path(config.state_dir) / "payloads" / digest
+    blob.write_bytes(blob.read_bytes().replace(b"xxxx", b"xxyx", 1))  # same size, other content
+    async with running(config, env) as h2:
+        rec = await wait_state(h2.service, claimed.id)
+    assert rec.state == "dead_lettered" and rec.last_error is not None
+    assert rec.last_error.code == "payload_unreadable"
+    assert h2.outbox() == []
+
+
+async def test_records_with_inline_payloads_still_load_and_deliver(tmp_path: Path) -> None:
+    """Upgrade path: a record written before payloads moved out of line (a large payload
+    inline, no digest) is read and delivered unchanged."""
+    import msgspec
+
+    from afterword.continuations.model import ResultRecord, decode_continuation, encode
+    from afterword.store import Put, RecordStore
+
+    config, env = make_config(tmp_path)
+    async with running(config, env, run_worker=False) as h:
+        claimed = await h.producer.detached(h.service.base_url, "daily-attention", "old-format")
+    payload = msgspec.json.encode({"summary": "from an older build", "detail": DETAIL}, order="sorted")
+    import hashlib
+
+    with RecordStore.open(config.state_dir) as store:
+        rec = decode_continuation(store.get("c/" + claimed.id).value)  # type: ignore[union-attr]
+        result = ResultRecord(
+            idempotency_key="k", payload_hash=hashlib.sha256(payload).hexdigest(), payload=payload, received_at_ms=1
+        )
+        rec = msgspec.structs.replace(rec, state="result_received", result=result)
+        store.transact_sync([Put("c/" + rec.id, encode(rec))])
+    async with running(config, env) as h2:
+        assert (await wait_state(h2.service, claimed.id)).state == "delivered"
+    assert [line["text"] for line in h2.outbox()] == ["Update on your earlier request: from an older build"]

@@ -439,10 +439,9 @@ def resolve(
             ),
             updated_at_ms=now_ms,
         )
-    # The operator's verdict is itself the acknowledgement: nothing is left to act on.
-    return msgspec.structs.replace(
-        rec, state="dead_lettered", terminal_at_ms=now_ms, acknowledged_at_ms=now_ms, updated_at_ms=now_ms
-    )
+    # Still a dead letter that health reports until acknowledged: the verdict alone does not
+    # make it eligible for compaction (it can still be retried with the unsafe opt-in).
+    return msgspec.structs.replace(rec, state="dead_lettered", terminal_at_ms=now_ms, updated_at_ms=now_ms)
 
 
 def acknowledge(rec: Continuation, now_ms: int) -> Continuation | None:

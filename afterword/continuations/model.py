@@ -65,11 +65,20 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     history_error_code: str | None = None
 
 
+INLINE_PAYLOAD_MAX = 16 * 1024  # larger result payloads are kept out of line, as blobs
+
+
 class ResultRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An accepted result. The payload (compact JSON with sorted keys, exactly as hashed) is
+    either inline in ``payload`` or, when larger than ``INLINE_PAYLOAD_MAX``, in the payload
+    blob store under ``payload_digest`` (its blake3 digest) with ``payload`` empty. Records
+    written before out-of-line payloads existed have no digest and load unchanged."""
+
     idempotency_key: str
     payload_hash: str
-    payload: bytes  # compact JSON with sorted keys, exactly as hashed
+    payload: bytes = b""
     received_at_ms: int
+    payload_digest: str | None = None
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):

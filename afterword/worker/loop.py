@@ -290,7 +290,17 @@ class Worker:
             )
             log.error("continuation %s dead-lettered: claim binding failed", cid)
             return
-        payload = _json.decode(rec.result.payload)
+        try:
+            payload = _json.decode(await svc.result_payload(rec))
+        except BlobError as exc:
+            # The accepted payload is gone or damaged: nothing to synthesize from, and retrying
+            # cannot bring it back. Park it where an operator sees it.
+            why = type(exc).__name__
+            await self._transition(
+                cid, lambda r: lifecycle.dead_letter(r, "payload_unreadable", why, now())
+            )
+            log.error("continuation %s dead-lettered: result payload unreadable", cid)
+            return
         mode = rec.claim.mode
         if mode == "silent":
             await self._transition(cid, lambda r: lifecycle.prepare_without_model(r, "silent", now()))
