@@ -29,7 +29,8 @@ from ..continuations.snapshot import MAX_MESSAGES, SnapshotMessage, decode_snaps
 from ..disk import DiskError
 from ..repository import IndexCorrupt
 from ..service import ContinuationService
-from ..store import VersionConflict
+from ..store import RecordTooLarge, VersionConflict
+from ..wal import TransactionTooLarge
 from .channels import Channel, ChunkDelivery, ChunkReceipt, ReconcilingChannel, can_reconcile, split_chunks
 from .errors import PermanentDeliveryError, RetryableDeliveryError, UnconfirmedDeliveryError
 from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages
@@ -512,8 +513,12 @@ class Worker:
             found = self._channel(rec.claim.reply_to)
             if found is None or not can_reconcile(found[0]) or not self._binding_intact(rec):
                 continue
-            if await self._reconcile_one(rec, rec.text, cast(ReconcilingChannel, found[0])):
-                settled += 1
+            try:
+                if await self._reconcile_one(rec, rec.text, cast(ReconcilingChannel, found[0])):
+                    settled += 1
+            except (RecordTooLarge, TransactionTooLarge):
+                # Its next version does not fit: recovery parks it. Startup must go on.
+                log.error("continuation %s: reconciliation left to recovery (record too large)", rec.id)
         return settled
 
     async def _reconcile_one(self, rec: Continuation, text: str, channel: ReconcilingChannel) -> bool:
