@@ -249,3 +249,24 @@ async def test_an_authorised_repost_that_fails_retryably_keeps_retrying_itself(t
         await h.service.retry_continuation(claimed.id, allow_unknown=True)
         rec = await wait_state(h.service, claimed.id, ("delivered",), timeout=20)
     assert rec.state == "delivered" and channel.calls[f"{claimed.id}:0"] == 3
+
+
+@pytest.mark.anyio
+async def test_a_migrated_unknown_delivery_stays_unproven_through_a_verdict(tmp_path: Path) -> None:
+    """Migration is one more path that could post again: a legacy delivery_unknown arrives
+    unproven, and after resolve not-delivered a plain retry is still refused."""
+    from _legacy import record, write_v1
+    from _service import ENV, load, outbox_lines, write_config
+
+    import afterword
+
+    config = load(write_config(tmp_path))
+    write_v1(Path(config.state_dir), [record("lost", "delivery_unknown", text="answer of unknown fate")])
+    async with afterword.open_service(config, environ=ENV, serve_http=False) as service:
+        (rec,) = service.repo.live()
+        assert rec.state == "delivery_unknown" and rec.post_unproven
+        await service.resolve_continuation_delivery(rec.id, {"kind": "not_delivered"})
+        with pytest.raises(ContinuationError, match="--allow-unknown"):
+            await service.retry_continuation(rec.id)
+        await anyio.sleep(SCAN_INTERVAL_S + 0.3)
+    assert outbox_lines(config) == []

@@ -410,6 +410,7 @@ async def open_like_open_service(
             channels={"*": channel},
             history=ObservedHistory(history, on_history),
         )
+        await worker.reconcile_interrupted()  # a no-op here: the fake channel cannot reconcile
         await service.recover()
         await service.apply_retention()
     except BaseException:
