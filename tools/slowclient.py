@@ -50,7 +50,9 @@ def _operator_token(state: Path) -> str:
 
 
 def _metric(base: str, token: str, name: str) -> float:
-    text = httpx.get(base + "/v1/operator/metrics", headers={"Authorization": f"Bearer {token}"}, trust_env=False).text
+    text = httpx.get(
+        base + "/v1/operator/metrics", headers={"Authorization": f"Bearer {token}"}, trust_env=False
+    ).text
     match = re.search(rf"^{name} (\S+)$", text, re.M)
     return float(match.group(1)) if match else -1.0
 
@@ -60,7 +62,12 @@ def _claim(base: str) -> dict[str, Any]:
     r = httpx.post(
         base + "/v1/continuations/detached/claim",
         headers={"Authorization": f"Bearer {TOKEN}", "X-Mono-Agent-Service-Name": "attacker"},
-        json={"route": "r", "taskKey": "slow", "taskHash": hashlib.sha256(b"t").hexdigest(), "deadline": deadline},
+        json={
+            "route": "r",
+            "taskKey": "slow",
+            "taskHash": hashlib.sha256(b"t").hexdigest(),
+            "deadline": deadline,
+        },
         trust_env=False,
     )
     r.raise_for_status()
