@@ -1,7 +1,8 @@
 """The ``afterword`` command: ``serve``, ``continuations``, ``tasks``, ``demo``.
 
 Thin: parse arguments, call the service or the operator client, print, exit. Errors are one
-line on stderr with a non-zero exit code; no traceback, no secret.
+line on stderr with a non-zero exit code and say what to do next; with ``--json`` they are one
+``{"error": {"code", "message"}}`` document on stdout instead. No traceback, no secret.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import msgspec
 
+from . import __version__
 from .config import Config, ConfigError, default_config, load_config
 from .disk import DiskError
 from .legacy import MigrationError
-from .operator import OperatorClient, OperatorError, read_operator_token
+from .operator import OperatorClient, OperatorError, read_metrics_token, read_operator_token
 from .store import StoreError, StoreLockedError
 
 EXIT_HEALTH = {"healthy": 0, "degraded": 1, "unhealthy": 2}
@@ -28,8 +31,9 @@ EXIT_UNREACHABLE = 3
 
 
 class CliError(Exception):
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = 1, kind: str = "usage") -> None:
         self.code = code
+        self.kind = kind
         super().__init__(message)
 
 
@@ -57,11 +61,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -- continuations (operator) -------------------------------------------------------------------
 def _client(args: argparse.Namespace) -> tuple[Config, OperatorClient]:
     config = resolve_config(args.config, check_secrets=False)
+    return config, OperatorClient(config, _operator_secret(config, read_operator_token))
+
+
+def _operator_secret(config: Config, read: Callable[[Config], str]) -> str:
+    if not os.path.isdir(config.state_dir):
+        raise CliError(
+            f"no service state at {config.state_dir}: pass --config with the afterword.json the "
+            "service runs with, or start `afterword serve` first",
+            EXIT_UNREACHABLE,
+            "no_state",
+        )
     try:
-        token = read_operator_token(config)
+        return read(config)
     except (DiskError, OSError) as exc:
-        raise CliError(f"cannot derive the operator capability from {config.state_dir}: {exc}", 1) from None
-    return config, OperatorClient(config, token)
+        raise CliError(
+            f"cannot derive the operator capability from {config.state_dir}: {exc} (run the CLI as the "
+            "user that owns the service's state directory)",
+            1,
+            "state_dir",
+        ) from None
 
 
 def _print_json(obj: object) -> None:
@@ -72,13 +91,11 @@ def cmd_health(args: argparse.Namespace) -> int:
     try:
         _, client = _client(args)
     except CliError as exc:
-        print(f"afterword: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return _report(args, exc.kind, str(exc), EXIT_UNREACHABLE)
     try:
         health = client.health()
     except OperatorError as exc:
-        print(f"afterword: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return _report(args, exc.code, _operator_message(exc), EXIT_UNREACHABLE)
     finally:
         client.close()
     if args.json:
@@ -121,13 +138,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         _print_json(page)
         return 0
     table = Table(box=None, pad_edge=False)
-    for col in ("ID", "STATE", "ORIGIN", "MODE", "SERVER", "ATTEMPTS", "UPDATED", "LAST ERROR"):
+    columns = ("ID", "STATE", "OUTCOME", "ORIGIN", "MODE", "SERVER", "ATTEMPTS", "UPDATED", "LAST ERROR")
+    for col in columns:
         table.add_column(col, no_wrap=col != "LAST ERROR")
     for item in page.items:
         table.add_row(
             item.continuation_id,
             # Sticky warning: posting it again needs retry --allow-unknown.
-            item.state + (" (unproven post)" if item.post_unproven else ""),
+            _state_label(item.state, item.held, item.next_attempt_at)
+            + (" (unproven post)" if item.post_unproven else ""),
+            item.outcome or "",
             item.origin_context,
             item.mode,
             item.server_name + (f" ({item.route})" if item.route else ""),
@@ -142,6 +162,87 @@ def cmd_list(args: argparse.Namespace) -> int:
         console.print("no continuations")
     if page.next_cursor:
         console.print(f"more records remain; next page:\n  {_next_command(args, page.next_cursor)}")
+    return 0
+
+
+def _state_label(state: str, held: bool, next_attempt_at: str | None) -> str:
+    # A held retry waits for an operator; a scheduled one will run by itself.
+    if held:
+        return f"{state} (held)"
+    if next_attempt_at:
+        return f"{state} (next {next_attempt_at})"
+    return state
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    _, client = _client(args)
+    try:
+        detail = client.show(args.id)
+    finally:
+        client.close()
+    if args.json:
+        _print_json(detail)
+        return 0
+    st = detail.status
+    rows: list[tuple[str, str]] = [
+        ("id", st.continuation_id),
+        ("state", _state_label(st.state, st.held, st.next_attempt_at)),
+        ("outcome", st.outcome or "-"),
+        ("completion kind", st.completion_kind or "-"),
+        ("kind / mode", f"{st.kind} / {st.mode}"),
+        ("origin context", st.origin_context),
+        ("server", detail.server_name + (f" (route {detail.route})" if detail.route else "")),
+        ("task key", detail.task_key),
+        ("attempts", f"synthesis {st.attempts.synthesis}, delivery {st.attempts.delivery} (all rounds)"),
+        ("last error", f"{st.last_error.code}: {st.last_error.message}" if st.last_error else "-"),
+        ("created", st.created_at),
+        ("updated", st.updated_at),
+        ("expires", st.expires_at),
+        ("deferred", "yes (waiting for the origin run to settle)" if st.deferred else "no"),
+    ]
+    if st.compacted:
+        rows.append(("compacted", "yes: payload and text dropped by retention (origin shows 'scrubbed')"))
+    receipt = st.receipt
+    if receipt is not None:
+        rows += [
+            ("receipt", f"{receipt.kind} at {receipt.delivered_at}"),
+            ("  channel", receipt.channel_id or "-"),
+            ("  delivery ids", ", ".join(receipt.delivery_ids) or "-"),
+            (
+                "  history recorded",
+                "yes" if receipt.history_recorded else f"no ({receipt.history_error_code or 'unknown'})",
+            ),
+        ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}")
+    print("history" + ("" if detail.history_complete else " (earlier entries not kept)") + ":")
+    for h in detail.history:
+        print(f"  {h.at}  {h.state}" + (f"  ({h.error})" if h.error else ""))
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    _, client = _client(args)
+    try:
+        sys.stdout.write(client.metrics())
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_metrics_token(args: argparse.Namespace) -> int:
+    from .disk import write_private_file
+
+    config = resolve_config(args.config, check_secrets=False)
+    token = _operator_secret(config, read_metrics_token)
+    target = Path(args.output).absolute()
+    try:
+        write_private_file(str(target), token.encode())
+    except OSError as exc:
+        raise CliError(f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io") from None
+    # The token itself is never printed: the file is the only copy outside the state directory.
+    print(f"wrote the read-only metrics capability to {target} (mode 0600)")
     return 0
 
 
@@ -183,11 +284,15 @@ def cmd_acknowledge(args: argparse.Namespace) -> int:
 
 def cmd_resolve(args: argparse.Namespace) -> int:
     verdict = args.verdict
-    kinds = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
+    kinds = _VERDICTS
     if verdict not in kinds:
         raise CliError("resolve takes: delivered DELIVERY_ID | not-delivered | dead-lettered", 2)
     if verdict == "delivered" and not args.delivery_id:
-        raise CliError("resolve ID delivered needs the externally verified DELIVERY_ID", 2)
+        raise CliError(
+            "resolve ID delivered needs the DELIVERY_ID you found in the channel "
+            "(if you found no message, use not-delivered)",
+            2,
+        )
     if verdict != "delivered" and args.delivery_id:
         raise CliError(f"resolve ID {verdict} takes no further argument", 2)
     _, client = _client(args)
@@ -199,72 +304,190 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 
 # -- parser ---------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="afterword", description="Durable continuations for AI agent hosts."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+_CONFIG_HELP = (
+    "the afterword.json the service runs with (default: ./afterword.json if present, else the "
+    "built-in defaults: 127.0.0.1:4319, state in ./.mono-agent/continuations)"
+)
+_JSON_HELP = "print JSON on stdout (errors too, as {\"error\": {\"code\", \"message\"}})"
+_ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
+_VERDICTS = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
 
-    serve = sub.add_parser("serve", help="run the HTTP service and the worker loop in the foreground")
-    serve.add_argument(
-        "--config", help="path of afterword.json (default: ./afterword.json or built-in defaults)"
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are JSON too when the command line asks for ``--json``."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            error = {"error": {"code": "usage", "message": f"{self.prog}: {message} (see {self.prog} -h)"}}
+            sys.stdout.write(msgspec.json.encode(error).decode() + "\n")
+            sys.exit(2)
+        super().error(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="afterword",
+        description="Durable continuations for AI agent hosts: a tool server finishes work after "
+        "its call returned, and afterword delivers one later answer to the right conversation.",
+        epilog="Start with `afterword demo`. Configuration reference: docs/configuration.md.",
     )
-    serve.add_argument("--outbox", help="path of the outbox JSON-lines file (default: beside the config)")
+    parser.add_argument("--version", action="version", version=f"afterword {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the HTTP service and the worker loop in the foreground",
+        description="Run the continuation service (HTTP on the configured loopback address, plus "
+        "the worker that synthesizes and delivers) until SIGINT/SIGTERM; then stop admitting, "
+        "let in-flight work finish within a bound, and exit 0. State changes are logged as JSON "
+        "lines on stderr (ids and states only).",
+    )
+    serve.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
+    serve.add_argument(
+        "--outbox",
+        metavar="PATH",
+        help="write the outbox channels' deliveries to this JSON-lines file instead of the "
+        "configured path (default: outbox.jsonl beside the config)",
+    )
     serve.set_defaults(func=cmd_serve)
 
-    cont = sub.add_parser("continuations", help="inspect and recover continuations (operator)")
-    csub = cont.add_subparsers(dest="verb", required=True)
+    cont = sub.add_parser(
+        "continuations",
+        help="inspect and recover continuations (operator)",
+        description="Operator commands. They talk to the running service on its configured "
+        "loopback address with a capability derived from the owner-only secret in the state "
+        "directory, so only the service's owner can run them.",
+    )
+    csub = cont.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="path of afterword.json")
+    def common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+        p.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help=_JSON_HELP)
 
-    h = csub.add_parser("health", help="healthy (0), degraded (1), unhealthy (2), unreachable (3)")
+    h = csub.add_parser(
+        "health",
+        help="overall health; exit 0 healthy, 1 degraded, 2 unhealthy, 3 unreachable",
+        description="Print healthy, degraded (work pending, an item expired, or a delivery missing "
+        "from history) or unhealthy (dead-lettered or unknown delivery), with counts by state. "
+        "Exit 0 healthy, 1 degraded, 2 unhealthy, 3 the service cannot be reached. For a "
+        "liveness probe use GET /v1/livez instead (see docs/operating.md).",
+    )
     common(h)
-    h.add_argument("--json", action="store_true")
     h.set_defaults(func=cmd_health)
 
-    ls = csub.add_parser("list", help="list continuations, one page at a time")
+    ls = csub.add_parser(
+        "list",
+        help="list continuations, one page at a time",
+        description="One row per continuation, oldest first. OUTCOME says how a finished one "
+        "ended (posted, captured, suppressed, silent, resolved; 'fallback' when the fixed "
+        "origin-unavailable answer was used); a delivery_retry is either scheduled (next TIME) "
+        "or held for an operator retry. ATTEMPTS is synthesis/delivery, counted across "
+        "operator retries.",
+    )
     common(ls)
-    ls.add_argument("--limit", type=int)
-    ls.add_argument("--cursor")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument(
+        "--limit", type=int, metavar="N", help="at most N rows (default and maximum: operatorPageSize)"
+    )
+    ls.add_argument(
+        "--cursor", metavar="CURSOR", help="continue after the previous page (printed when more remain)"
+    )
     ls.set_defaults(func=cmd_list)
 
-    rt = csub.add_parser("retry", help="retry a dead-lettered or held continuation")
+    sh = csub.add_parser(
+        "show",
+        help="one continuation in full: status, attempts, receipt and state history",
+        description="Everything the status endpoint reports, plus the server and route, the task "
+        "key, cumulative attempts, the receipt, the completion kind, the last error and the "
+        "record's state history with times. Never a token, payload or answer text.",
+    )
+    common(sh)
+    sh.add_argument("id", metavar="ID", help=_ID_HELP)
+    sh.set_defaults(func=cmd_show)
+
+    rt = csub.add_parser(
+        "retry",
+        help="retry a dead-lettered or held continuation",
+        description="Schedule delivery (or synthesis, if no answer was written yet) of a "
+        "dead-lettered or held continuation now. A delivery_unknown one is refused: check the "
+        "channel and `resolve` it instead.",
+    )
     common(rt)
-    rt.add_argument("id")
+    rt.add_argument("id", metavar="ID", help=_ID_HELP)
     rt.add_argument(
         "--allow-unknown",
         action="store_true",
-        help="unsafe: retry an unknown delivery after external verification",
+        help="unsafe: also retry a delivery_unknown continuation, after you verified outside "
+        "afterword that posting it again cannot duplicate a message",
     )
-    rt.add_argument("--json", action="store_true")
     rt.set_defaults(func=cmd_retry)
 
-    cn = csub.add_parser("cancel", help="cancel an active continuation")
+    cn = csub.add_parser(
+        "cancel",
+        help="cancel an active continuation",
+        description="Cancel work that has not finished. Repeating it on a cancelled item is a "
+        "no-op; other finished states are refused and kept.",
+    )
     common(cn)
-    cn.add_argument("id")
-    cn.add_argument("--json", action="store_true")
+    cn.add_argument("id", metavar="ID", help=_ID_HELP)
     cn.set_defaults(func=cmd_cancel)
 
     ak = csub.add_parser(
         "acknowledge",
         help="acknowledge a dead letter, an expiry or a delivery missing from history (clears its health cause)",
+        description="Record that you have seen a dead-lettered or expired continuation, or a "
+        "delivery missing from history: it stops counting against health and becomes subject "
+        "to retention. Nothing is posted or retried.",
     )
     common(ak)
-    ak.add_argument("id")
-    ak.add_argument("--json", action="store_true")
+    ak.add_argument("id", metavar="ID", help=_ID_HELP)
     ak.set_defaults(func=cmd_acknowledge)
 
     rs = csub.add_parser(
-        "resolve", help="resolve an unknown delivery: delivered ID | not-delivered | dead-lettered"
+        "resolve",
+        help="record your verdict on an unknown delivery",
+        description="After checking the channel yourself, record what happened to a "
+        "delivery_unknown continuation: `delivered DELIVERY_ID` (records the receipt and posts "
+        "nothing), `not-delivered` (holds it for an explicit retry) or `dead-lettered` (gives up).",
     )
     common(rs)
-    rs.add_argument("id")
-    rs.add_argument("verdict")
-    rs.add_argument("delivery_id", nargs="?")
-    rs.add_argument("--json", action="store_true")
+    rs.add_argument("id", metavar="ID", help=_ID_HELP)
+    rs.add_argument(
+        "verdict",
+        choices=list(_VERDICTS),
+        metavar="VERDICT",
+        help="one of: delivered (needs DELIVERY_ID), not-delivered, dead-lettered",
+    )
+    rs.add_argument(
+        "delivery_id",
+        nargs="?",
+        metavar="DELIVERY_ID",
+        help="with `delivered`: the channel's id of the message you found (e.g. a Slack ts)",
+    )
     rs.set_defaults(func=cmd_resolve)
+
+    mt = csub.add_parser(
+        "metrics",
+        help="print the Prometheus metrics text",
+        description="Print what GET /v1/operator/metrics serves, in the Prometheus text format.",
+    )
+    common(mt, json_flag=False)
+    mt.add_argument("--json", action="store_true", help="errors as JSON (the metrics stay text)")
+    mt.set_defaults(func=cmd_metrics)
+
+    mk = csub.add_parser(
+        "metrics-token",
+        help="write the read-only metrics capability to a file (for a scraper)",
+        description="Write a capability that opens GET /v1/operator/metrics and nothing else to "
+        "PATH (mode 0600, replaced atomically), for Prometheus' authorization.credentials_file. "
+        "It is derived from the state directory's secret, so it survives restarts; the operator "
+        "capability itself never leaves the CLI.",
+    )
+    common(mk)
+    mk.add_argument("output", metavar="PATH", help="file to write (created 0600; an existing file is replaced)")
+    mk.set_defaults(func=cmd_metrics_token)
 
     try:
         from .tasks.cli import add_tasks_parser
@@ -273,8 +496,14 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_tasks_parser(sub)
 
-    demo = sub.add_parser("demo", help="run the whole flow end to end in a temporary directory")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole flow end to end in a temporary directory",
+        description="Start the real service on embedded defaults in a temporary directory, run a "
+        "scripted agent turn whose MCP tool claims a continuation, and show the later answer "
+        "being delivered (about 5-40 seconds, mostly starting Python processes).",
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -287,31 +516,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return anyio.run(run_demo, args.keep)
 
 
+def _operator_message(exc: OperatorError) -> str:
+    hints = {
+        401: "the service rejected this state directory's capability: pass the --config the service runs with",
+        404: "list the known ids with `afterword continuations list`",
+    }
+    hint = hints.get(exc.status)
+    return f"{exc} ({exc.code})" + (f"; {hint}" if hint else "")
+
+
+def _report(args: argparse.Namespace, code: str, message: str, exit_code: int) -> int:
+    """One error: a JSON document on stdout with ``--json``, else one line on stderr."""
+    if getattr(args, "json", False):
+        sys.stdout.write(msgspec.json.encode({"error": {"code": code, "message": message}}).decode() + "\n")
+    else:
+        print(f"afterword: {message}", file=sys.stderr)
+    return exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     parser = build_parser()
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
         handler = getattr(args, "func", None) or args.handler
         code: int = handler(args)
     except ConfigError as exc:
-        print(f"afterword: {exc}", file=sys.stderr)
-        return 2
+        return _report(args, "invalid_config", f"{exc} (see docs/configuration.md)", 2)
     except MigrationError as exc:
-        print(f"afterword: {exc}", file=sys.stderr)
-        return 1
+        return _report(args, "migration", f"{exc} (see docs/upgrading.md)", 1)
     except StoreLockedError as exc:
-        print(f"afterword: {exc}", file=sys.stderr)
-        return 1
+        message = f"{exc} (stop the other `afterword serve`, or give this one its own stateDir)"
+        return _report(args, "state_locked", message, 1)
     except OperatorError as exc:
-        print(f"afterword: {exc} ({exc.code})", file=sys.stderr)
-        return EXIT_UNREACHABLE if exc.status == 0 else 1
+        return _report(args, exc.code, _operator_message(exc), EXIT_UNREACHABLE if exc.status == 0 else 1)
     except CliError as exc:
-        print(f"afterword: {exc}", file=sys.stderr)
-        return exc.code
+        return _report(args, exc.kind, str(exc), exc.code)
     except (StoreError, DiskError) as exc:
-        print(f"afterword: state directory problem: {exc}", file=sys.stderr)
-        return 1
+        return _report(args, "state_dir", f"state directory problem: {exc}", 1)
     except KeyboardInterrupt:
         return 130
     return code

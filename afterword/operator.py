@@ -7,16 +7,17 @@ capability; the secret itself never leaves this process.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
 
 from .config import Config
-from .continuations.capabilities import operator_token
+from .continuations.capabilities import metrics_token, operator_token
 from .disk import StateRoot
 from .store.keys import derive_key
 from .store.loading import SECRET, SECRET_BYTES
-from .wire import HealthBody, ListResponse, StatusBody
+from .wire import DetailBody, HealthBody, ListResponse, StatusBody
 
 
 class OperatorError(Exception):
@@ -28,12 +29,21 @@ class OperatorError(Exception):
         super().__init__(message)
 
 
-def read_operator_token(config: Config) -> str:
+def _read_secret(config: Config) -> bytes:
     root = StateRoot(config.state_dir, create=False)
     secret = root.read_file(SECRET, max_size=SECRET_BYTES)
     if len(secret) != SECRET_BYTES:
         raise OperatorError(0, "bad_secret", f"{root.path(SECRET)}: not a valid secret")
-    return operator_token(derive_key(secret, "operator"))
+    return secret
+
+
+def read_operator_token(config: Config) -> str:
+    return operator_token(derive_key(_read_secret(config), "operator"))
+
+
+def read_metrics_token(config: Config) -> str:
+    """The read-only metrics capability (opens ``GET /v1/operator/metrics`` and nothing else)."""
+    return metrics_token(derive_key(_read_secret(config), "metrics"))
 
 
 class OperatorClient:
@@ -59,7 +69,10 @@ class OperatorClient:
             response = self._client.request(method, self._base + path, params=params, json=body)
         except httpx.HTTPError as exc:
             raise OperatorError(
-                0, "unreachable", f"cannot reach the service at {self._base}: {type(exc).__name__}"
+                0,
+                "unreachable",
+                f"cannot reach the service at {self._base} ({type(exc).__name__}): is `afterword serve` "
+                f"running with this config? check with: curl -s {self._base}/v1/livez",
             ) from None
         if response.status_code >= 400:
             try:
@@ -70,6 +83,9 @@ class OperatorClient:
                     response.status_code, "http_error", f"HTTP {response.status_code}"
                 ) from None
         return response.content
+
+    def show(self, cid: str) -> DetailBody:
+        return msgspec.json.decode(self._call("GET", f"/v1/operator/continuations/{quote(cid, safe='')}"), type=DetailBody)
 
     def health(self) -> HealthBody:
         return msgspec.json.decode(self._call("GET", "/v1/operator/health"), type=HealthBody)
@@ -85,13 +101,13 @@ class OperatorClient:
 
     def retry(self, cid: str, allow_unknown: bool) -> StatusBody:
         data = self._call(
-            "POST", f"/v1/operator/continuations/{cid}/retry", body={"allowUnknown": allow_unknown}
+            "POST", f"/v1/operator/continuations/{quote(cid, safe='')}/retry", body={"allowUnknown": allow_unknown}
         )
         return msgspec.json.decode(data, type=StatusBody)
 
     def cancel(self, cid: str) -> StatusBody:
         return msgspec.json.decode(
-            self._call("POST", f"/v1/operator/continuations/{cid}/cancel"), type=StatusBody
+            self._call("POST", f"/v1/operator/continuations/{quote(cid, safe='')}/cancel"), type=StatusBody
         )
 
     def acknowledge(self, cid: str) -> StatusBody:
@@ -101,7 +117,7 @@ class OperatorClient:
 
     def resolve(self, cid: str, kind: str, delivery_id: str | None) -> StatusBody:
         body = {"kind": kind, "deliveryId": delivery_id}
-        data = self._call("POST", f"/v1/operator/continuations/{cid}/resolve", body=body)
+        data = self._call("POST", f"/v1/operator/continuations/{quote(cid, safe='')}/resolve", body=body)
         return msgspec.json.decode(data, type=StatusBody)
 
     def metrics(self) -> str:

@@ -10,7 +10,7 @@ import time
 import anyio
 import msgspec
 
-from .config import Config, OutboxChannel
+from .config import Config, OutboxChannel, missing_detached_tokens
 from .continuations.model import Continuation
 from .http.server import ServeError
 from .runtime import open_service
@@ -92,6 +92,12 @@ async def _serve(config: Config, outbox: str | None) -> int:
 
             service.on_change.append(log_change)
             sys.stderr.write(f"afterword serving on {config.base_url} (state {config.state_dir})\n")
+            for detached in missing_detached_tokens(config):
+                sys.stderr.write(
+                    f"afterword: detached service {detached.name!r} cannot claim until {detached.token_env} "
+                    "holds its bearer (>= 16 printable characters) in this process's environment; "
+                    "see docs/configuration.md#detached-services\n"
+                )
             sys.stderr.flush()
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:

@@ -37,6 +37,7 @@ from .continuations.capabilities import (
     parse_claim_token,
     result_token,
     verify_bearer,
+    verify_metrics_token,
     verify_operator_token,
     verify_result_token,
 )
@@ -75,6 +76,7 @@ from .continuations.rules import (
     parse_deadline_format,
 )
 from .continuations.snapshot import build_snapshot, encode_snapshot
+from .continuations.trail import record_change
 from .host.binding import ClaimCapability, RunBinding
 from .legacy.migrate import Fence
 from .repository import LIVE as LIVE_PREFIX
@@ -82,12 +84,13 @@ from .repository import TOMB as TOMB_PREFIX
 from .repository import Repository, bounded_batches
 from .store import Delete, Put, RecordStore, RecordTooLarge, VersionConflict
 from .store.keys import derive_key
-from .views import list_item, status_body
+from .views import detail_body, list_item, status_body
 from .wal import TransactionTooLarge
 from .wire import (
     ClaimRequest,
     ClaimResponse,
     DetachedClaimRequest,
+    DetailBody,
     HealthBody,
     HealthCauseBody,
     ListResponse,
@@ -161,6 +164,7 @@ class ContinuationService:
         self._k_result = derive_key(secret, "result-tokens")
         self._k_claim = derive_key(secret, "claim-capabilities")
         self._k_operator = derive_key(secret, "operator")
+        self._k_metrics = derive_key(secret, "metrics")
         self._k_claim_mac = derive_key(secret, "claim-binding")
         self._k_cursor = derive_key(secret, "operator-cursor")
         self.repo = Repository(store)
@@ -202,6 +206,11 @@ class ContinuationService:
         if not verify_operator_token(self._k_operator, token):
             raise Unauthorized("operator capability required")
 
+    def verify_metrics_reader(self, token: str) -> None:
+        """The metrics endpoint opens to the operator or to the read-only metrics capability."""
+        if not (verify_operator_token(self._k_operator, token) or verify_metrics_token(self._k_metrics, token)):
+            raise Unauthorized("operator or metrics capability required")
+
     # -- locking -----------------------------------------------------------------------------
     @asynccontextmanager
     async def _locked(self, ids: Iterable[str]) -> AsyncIterator[None]:
@@ -233,6 +242,8 @@ class ContinuationService:
         self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Any] = ()
     ) -> None:
         """Commit new versions (create when old is None) in one transaction, then notify."""
+        now = self.clock_ms()
+        pairs = [(old, record_change(self.repo.get(new.id), new, now)) for old, new in pairs]
         creates = [new for old, new in pairs if old is None]
         updates = [new for old, new in pairs if old is not None]
         self.fence.ensure()  # before the first native v3 record becomes durable
@@ -821,6 +832,13 @@ class ContinuationService:
             last = items[-1]
             next_cursor = self._encode_cursor((last.claim.created_at_ms, last.claim.id))
         return ListResponse(items=[list_item(i) for i in items], next_cursor=next_cursor)
+
+    def continuation_detail(self, cid: str) -> DetailBody:
+        """One record for ``afterword continuations show``: status, binding names, history."""
+        rec: Continuation | Tombstone | None = self.repo.get(cid) or self.repo.tombstone(cid)
+        if rec is None:
+            raise NotFound(f"no continuation {cid}")
+        return detail_body(rec)
 
     def captured_continuation_text(self, cid: str) -> str | None:
         """The retained text of a delivered capture continuation; None for anything else."""

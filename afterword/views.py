@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from .continuations.model import Continuation, ErrorInfo, Receipt, Tombstone
 from .continuations.rules import format_ms
-from .wire import AttemptsBody, ErrorDetail, ListItem, ReceiptBody, StatusBody
+from .continuations.trail import MAX_STATE_HISTORY
+from .wire import AttemptsBody, DetailBody, ErrorDetail, ListItem, ReceiptBody, StateChangeBody, StatusBody
+
+_OUTCOME = {"operator": "resolved"}
+
+
+def outcome(rec: Continuation | Tombstone) -> str | None:
+    """How a delivered record ended, in one word (plus "fallback " for the fixed answer)."""
+    if rec.receipt is None:
+        return None
+    kind = _OUTCOME.get(rec.receipt.kind, rec.receipt.kind)
+    return f"fallback {kind}" if rec.completion_kind == "origin_context_unavailable" else kind
 
 
 def receipt_body(r: Receipt | None) -> ReceiptBody | None:
@@ -47,14 +58,20 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
             compacted=True,
             post_unproven=rec.post_unproven,
             acknowledged_at=_maybe_ms(rec.acknowledged_at_ms),
+            outcome=outcome(rec),
         )
+    held = rec.state == "delivery_retry" and rec.next_attempt_at_ms is None
     return StatusBody(
         continuation_id=rec.id,
         state=rec.state,
         origin_context=rec.origin_context,
         mode=rec.claim.mode,
         kind=rec.claim.kind,
-        attempts=AttemptsBody(synthesis=rec.attempts.synthesis, delivery=rec.attempts.delivery),
+        # Cumulative across operator retries: how many posts may have happened.
+        attempts=AttemptsBody(
+            synthesis=rec.attempts.synthesis,
+            delivery=rec.delivery_attempts_before + rec.attempts.delivery,
+        ),
         last_error=error_body(rec.last_error),
         receipt=receipt_body(rec.receipt),
         completion_kind=rec.completion_kind,
@@ -64,6 +81,11 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
         updated_at=format_ms(rec.updated_at_ms or rec.claim.created_at_ms),
         post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
         acknowledged_at=_maybe_ms(rec.acknowledged_at_ms),
+        next_attempt_at=format_ms(rec.next_attempt_at_ms)
+        if rec.state == "delivery_retry" and rec.next_attempt_at_ms is not None
+        else None,
+        held=held,
+        outcome=outcome(rec),
     )
 
 
@@ -83,4 +105,22 @@ def list_item(rec: Continuation | Tombstone) -> ListItem:
         updated_at=s.updated_at,
         compacted=s.compacted,
         post_unproven=s.post_unproven,
+        next_attempt_at=s.next_attempt_at,
+        held=s.held,
+        outcome=s.outcome,
+    )
+
+
+def detail_body(rec: Continuation | Tombstone) -> DetailBody:
+    history = [
+        StateChangeBody(state=h.state, at=format_ms(h.at_ms), error=h.error) for h in rec.history
+    ]
+    return DetailBody(
+        status=status_body(rec),
+        server_name=rec.claim.server_name,
+        route=rec.claim.route,
+        task_key=rec.claim.task_key,
+        history=history,
+        # Records written before histories were kept, or longer than the bound, miss entries.
+        history_complete=bool(history) and len(history) < MAX_STATE_HISTORY,
     )

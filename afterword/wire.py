@@ -74,6 +74,31 @@ class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     compacted: bool = False
     post_unproven: bool = False  # an earlier post's outcome was never proven (sticky)
     acknowledged_at: str | None = None
+    # delivery_retry only: when the next automatic attempt is due; ``held`` when none is
+    # scheduled and only an operator ``retry`` will move it.
+    next_attempt_at: str | None = None
+    held: bool = False
+    # How it ended: posted, captured, suppressed, silent or resolved (an operator confirmed a
+    # post), prefixed "fallback " when the fixed origin-unavailable answer was used.
+    outcome: str | None = None
+
+
+class StateChangeBody(msgspec.Struct, frozen=True, kw_only=True):
+    state: str
+    at: str
+    error: str | None
+
+
+class DetailBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``GET /v1/operator/continuations/{id}``: the status plus what an operator needs to
+    tell how the record got here. Never a token, payload or answer text."""
+
+    status: StatusBody
+    server_name: str
+    route: str | None
+    task_key: str
+    history: list[StateChangeBody]
+    history_complete: bool
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +119,9 @@ class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     updated_at: str
     compacted: bool
     post_unproven: bool = False
+    next_attempt_at: str | None = None
+    held: bool = False
+    outcome: str | None = None
 
 
 class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -25,6 +25,7 @@ from afterword.config import (
     detached_token,
     is_loopback_url,
     load_config,
+    missing_detached_tokens,
     synthesis_api_key,
 )
 
@@ -439,12 +440,6 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "required key is missing",
     ),
     (
-        "detached tokenEnv unset",
-        {"continuations": {"detachedServices": [{"name": "w", "tokenEnv": "NOT_SET_ANYWHERE"}]}},
-        "continuations.detachedServices[0].tokenEnv",
-        "NOT_SET_ANYWHERE is not set",
-    ),
-    (
         "detached tokenEnv not a name",
         {"continuations": {"detachedServices": [{"name": "w", "tokenEnv": "has space"}]}},
         "continuations.detachedServices[0].tokenEnv",
@@ -695,7 +690,8 @@ def test_mcp_servers_are_parsed_in_the_common_format(cfg_dir: Path) -> None:
     assert (stdio.command, stdio.args) == ("python", ("-m", "work_control"))
     assert stdio.env == {"API_KEY": "mcp-env-secret-value"}
     assert stdio.cwd == str(cfg_dir / "tools")
-    assert servers["typed-stdio"].transport == "stdio" and servers["typed-stdio"].cwd is None
+    # Without a cwd a stdio server runs beside the MCP config, so relative args name files there.
+    assert servers["typed-stdio"].transport == "stdio" and servers["typed-stdio"].cwd == str(cfg_dir)
     assert servers["local-http"].transport == "http"  # url and no type
     assert servers["local-http"].headers == {"Authorization": "Bearer mcp-hdr-secret"}
     assert servers["local-typed"].transport == "http"
@@ -719,6 +715,28 @@ def test_mcp_config_path_may_be_absolute(cfg_dir: Path, tmp_path: Path) -> None:
     )
     assert config.mcp_config_path == str(other / "servers.json")
     assert config.mcp_servers["s"].cwd == str(other)
+
+
+def test_path_like_command_resolves_in_the_server_cwd_and_bare_names_stay_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    servers = {
+        "rel": {"command": "./bin/srv", "args": ["a.py"]},
+        "in-cwd": {"command": "bin/srv", "cwd": "tools"},
+        "bare": {"command": "python3", "args": ["srv.py"]},
+        "abs": {"command": "/usr/bin/env", "args": ["x"]},
+    }
+    (folder / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    (folder / "afterword.json").write_text(json.dumps({"tools": {"mcpConfigPath": "mcp.json"}}))
+    monkeypatch.chdir(tmp_path)  # anywhere but the config folder
+    parsed = load_config("cfg/afterword.json", environ={}).mcp_servers
+    assert (parsed["rel"].command, parsed["rel"].cwd) == (str(folder / "bin" / "srv"), str(folder))
+    assert parsed["rel"].args == ("a.py",)
+    assert parsed["in-cwd"].command == str(folder / "tools" / "bin" / "srv")
+    assert (parsed["bare"].command, parsed["bare"].cwd) == ("python3", str(folder))
+    assert parsed["abs"].command == "/usr/bin/env"
 
 
 MCP_INVALID: list[tuple[str, Any, str, str]] = [
@@ -846,7 +864,6 @@ DETACHED = {
         ("a" * 15, "at least 16 characters"),
         ("has a space in the token", "printable ASCII"),
         ("tab\tseparated-secret-xx", "printable ASCII"),
-        ("", "is not set"),
     ],
 )
 def test_bad_detached_token_is_rejected_without_showing_it(cfg_dir: Path, token: str, fragment: str) -> None:
@@ -858,6 +875,17 @@ def test_bad_detached_token_is_rejected_without_showing_it(cfg_dir: Path, token:
     assert "WORK_CONTROL_CONTINUATION_TOKEN" in str(err)
     if token:
         assert token not in str(err) and token not in repr(err)
+
+
+def test_unset_detached_token_disables_only_that_service(cfg_dir: Path) -> None:
+    # A host or tool that makes no detached claims loads the config without the token.
+    for env in ({}, {"WORK_CONTROL_CONTINUATION_TOKEN": ""}):
+        config = load(cfg_dir, DETACHED, env=env)
+        assert [s.name for s in missing_detached_tokens(config, env)] == ["wc"]
+        with pytest.raises(ConfigError, match="WORK_CONTROL_CONTINUATION_TOKEN is not set"):
+            detached_token(config, "wc", env)
+    config = load(cfg_dir, DETACHED, env=ENV)
+    assert missing_detached_tokens(config, ENV) == []
 
 
 def test_token_of_exactly_16_characters_is_accepted(cfg_dir: Path) -> None:
@@ -903,8 +931,11 @@ def test_disabled_service_does_not_need_detached_tokens(cfg_dir: Path) -> None:
     config = load(cfg_dir, doc, env={})
     assert config.enabled is False
     assert "work-control" in config.detached_services
+    # A short token is still checked while enabled, never when disabled.
+    short = {"WORK_CONTROL_CONTINUATION_TOKEN": "short"}
+    assert load(cfg_dir, doc, env=short).enabled is False
     with pytest.raises(ConfigError):
-        load(cfg_dir, SPEC_EXAMPLE, env={})
+        load(cfg_dir, SPEC_EXAMPLE, env=short)
 
 
 def test_no_config_error_repr_or_message_contains_a_token(cfg_dir: Path) -> None:

@@ -16,6 +16,7 @@ from .load import (
     default_config,
     detached_token,
     load_config,
+    missing_detached_tokens,
     read_env_secret,
     synthesis_api_key,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "detached_token",
     "is_loopback_url",
     "load_config",
+    "missing_detached_tokens",
     "parse_mcp_servers",
     "read_env_secret",
     "select_continuation_servers",

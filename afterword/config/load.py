@@ -15,7 +15,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -48,6 +48,7 @@ __all__ = [
     "default_config",
     "detached_token",
     "load_config",
+    "missing_detached_tokens",
     "read_env_secret",
     "synthesis_api_key",
 ]
@@ -58,6 +59,7 @@ DEFAULT_STATE_DIR = ".mono-agent/continuations"
 DEFAULT_OUTBOX = "outbox.jsonl"
 DEFAULT_SLACK_BASE_URL = "https://slack.com/api"
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 MIN_DETACHED_TOKEN_CHARS = 16
 # Config files are small; the cap only stops a mistyped path (a device, a huge log) from
 # being read whole. The MCP config may be another client's whole settings file.
@@ -125,6 +127,7 @@ class _RawSynthesis(msgspec.Struct, frozen=True, forbid_unknown_fields=True, ren
     base_url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
+    max_tokens: int | None = None
 
 
 class _RawOutbox(
@@ -414,7 +417,10 @@ def _detached_services(
                 file=file,
             )
         env_index[entry.token_env] = index
-        if check_env:
+        # An unset variable only disables this service's detached claims (hosts, the demo's
+        # interactive runs and the operator CLI never need it); a value that is set but unusable
+        # is a mistake worth stopping for.
+        if check_env and environ.get(entry.token_env):
             token = read_env_secret(
                 entry.token_env, path=env_path, environ=environ, min_chars=MIN_DETACHED_TOKEN_CHARS, file=file
             )
@@ -431,27 +437,49 @@ def _detached_services(
     return services
 
 
+_PROVIDER_BASE_URLS = {"openai": DEFAULT_OPENAI_BASE_URL, "anthropic": DEFAULT_ANTHROPIC_BASE_URL}
+
+
 def _synthesis(raw: _RawSynthesis, file: str | None) -> SynthesisConfig:
     path = "continuations.synthesis"
     if raw.provider == "template":
         # Endpoint settings under the template provider would be silently unused: say so.
-        for key, value in (("baseUrl", raw.base_url), ("model", raw.model), ("apiKeyEnv", raw.api_key_env)):
+        for key, value in (
+            ("baseUrl", raw.base_url),
+            ("model", raw.model),
+            ("apiKeyEnv", raw.api_key_env),
+            ("maxTokens", raw.max_tokens),
+        ):
             if value is not None:
-                raise ConfigError(json_path(path, key), "only valid with provider 'openai'", file=file)
+                raise ConfigError(
+                    json_path(path, key), "only valid with provider 'openai' or 'anthropic'", file=file
+                )
         return SynthesisConfig()
-    if raw.provider != "openai":
+    if raw.provider not in _PROVIDER_BASE_URLS:
         raise ConfigError(
             json_path(path, "provider"),
-            f"unknown provider {raw.provider!r} (expected template or openai)",
+            f"unknown provider {raw.provider!r} (expected template, openai or anthropic)",
             file=file,
         )
+    provider: Literal["openai", "anthropic"] = "openai" if raw.provider == "openai" else "anthropic"
     if not raw.model:
-        raise ConfigError(json_path(path, "model"), "required for provider 'openai'", file=file)
-    base_url = _check_url(raw.base_url or DEFAULT_OPENAI_BASE_URL, json_path(path, "baseUrl"), file)
+        raise ConfigError(json_path(path, "model"), f"required for provider {provider!r}", file=file)
+    base_url = _check_url(raw.base_url or _PROVIDER_BASE_URLS[provider], json_path(path, "baseUrl"), file)
     api_key_env = raw.api_key_env
     if api_key_env is not None:
         _check_env_name(api_key_env, json_path(path, "apiKeyEnv"), file)
-    return SynthesisConfig(provider="openai", base_url=base_url, model=raw.model, api_key_env=api_key_env)
+    max_tokens = 1024
+    if raw.max_tokens is not None:
+        if provider != "anthropic":
+            raise ConfigError(json_path(path, "maxTokens"), "only valid with provider 'anthropic'", file=file)
+        if raw.max_tokens < 1:
+            raise ConfigError(
+                json_path(path, "maxTokens"), f"must be a positive integer, got {raw.max_tokens}", file=file
+            )
+        max_tokens = raw.max_tokens
+    return SynthesisConfig(
+        provider=provider, base_url=base_url, model=raw.model, api_key_env=api_key_env, max_tokens=max_tokens
+    )
 
 
 def _allow(raw: list[str] | None, path: str, file: str | None) -> tuple[str, ...] | None:
@@ -559,7 +587,7 @@ def config_from_mapping(
 ) -> Config:
     """Validate an already-decoded config document; relative paths resolve against ``base_dir``.
 
-    ``check_secrets=False`` skips checking that credential variables are set (the operator
+    ``check_secrets=False`` skips checking the credential variables that are set (the operator
     CLI needs the host, port and state directory, never a detached-service token).
 
     Raises:
@@ -664,14 +692,20 @@ def detached_token(config: Config, service_name: str, environ: Mapping[str, str]
     )
 
 
+def missing_detached_tokens(config: Config, environ: Mapping[str, str] | None = None) -> list[DetachedService]:
+    """Detached services whose token variable is unset: their claims are refused until it is set."""
+    env = os.environ if environ is None else environ
+    return [s for s in config.detached_services.values() if not env.get(s.token_env)]
+
+
 def synthesis_api_key(config: Config, environ: Mapping[str, str] | None = None) -> str | None:
-    """The OpenAI-compatible API key, or ``None`` when no key is configured.
+    """The synthesis provider's API key, or ``None`` when no key is configured.
 
     Raises:
         ConfigError: ``apiKeyEnv`` is set but the variable is not.
     """
     env_name = config.synthesis.api_key_env
-    if config.synthesis.provider != "openai" or env_name is None:
+    if config.synthesis.provider == "template" or env_name is None:
         return None
     return read_env_secret(
         env_name,

@@ -13,6 +13,12 @@ Entry shapes::
 
 ``type`` may be ``stdio``, ``http``, ``streamable-http`` or ``sse``; an entry with a ``url``
 and no ``type`` is streamable HTTP.
+
+Relative paths resolve beside the MCP config file, whatever the current directory: a stdio
+server runs in ``cwd`` (relative to the MCP config's folder) or, without one, in that folder,
+so relative ``args`` such as ``["server.py"]`` name files there; a ``command`` containing a
+``/`` (``./bin/srv``) is made absolute against that directory, while a bare name (``python3``)
+is looked up on ``PATH`` as usual.
 """
 
 from __future__ import annotations
@@ -95,15 +101,19 @@ def _parse_entry(name: str, raw: Any, path: str, file: str, base_dir: str) -> Mc
         for key in ("url", "headers"):
             if getattr(entry, key):
                 raise ConfigError(json_path(path, key), "not valid for a stdio server", file=file)
-        cwd = None
+        cwd = base_dir
         if entry.cwd is not None:
             if not entry.cwd:
                 raise ConfigError(json_path(path, "cwd"), "must not be empty", file=file)
             cwd = os.path.normpath(os.path.join(base_dir, entry.cwd))
+        command = entry.command
+        # Only a path-like command is anchored; a bare name keeps its PATH lookup.
+        if "/" in command and not os.path.isabs(command):
+            command = os.path.normpath(os.path.join(cwd, command))
         return McpServer(
             name=name,
             transport="stdio",
-            command=entry.command,
+            command=command,
             args=tuple(entry.args),
             env=_string_map(entry.env, json_path(path, "env"), file),
             cwd=cwd,

@@ -157,7 +157,8 @@ class McpServer(msgspec.Struct, frozen=True, kw_only=True):
 
     ``transport`` is ``stdio`` (``command``/``args``/``env``/``cwd``), ``http`` (streamable
     HTTP: ``url``/``headers``) or ``sse`` (legacy; never eligible for continuation authority).
-    ``cwd`` is absolute, resolved against the MCP config's folder.
+    ``cwd`` is absolute: the configured one resolved against the MCP config's folder, or that
+    folder itself; a path-like ``command`` is absolute too.
     """
 
     name: str
@@ -183,16 +184,19 @@ class McpServer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SynthesisConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """``continuations.synthesis``: ``template`` (no model) or an OpenAI-compatible endpoint.
+    """``continuations.synthesis``: ``template`` (no model), an OpenAI-compatible endpoint, or
+    Anthropic's Messages API.
 
-    For ``openai``, ``base_url`` and ``model`` are set; ``api_key_env`` names the environment
-    variable holding the key (``None``: send no Authorization header, e.g. a local server).
+    For ``openai`` and ``anthropic``, ``base_url`` and ``model`` are set; ``api_key_env`` names
+    the environment variable holding the key (``None``: send no key, e.g. a local server).
+    ``max_tokens`` bounds an ``anthropic`` answer (the Messages API requires it).
     """
 
-    provider: Literal["template", "openai"] = "template"
+    provider: Literal["template", "openai", "anthropic"] = "template"
     base_url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
+    max_tokens: int = 1024
 
 
 class OutboxChannel(msgspec.Struct, frozen=True, kw_only=True):

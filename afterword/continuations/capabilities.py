@@ -17,6 +17,7 @@ from .model import Claim, canonical_claim
 CLAIM_TOKEN_PREFIX = "awc1."
 RESULT_TOKEN_PREFIX = "awr1."
 OPERATOR_TOKEN_PREFIX = "awo1."
+METRICS_TOKEN_PREFIX = "awm1."
 
 
 def _b64(data: bytes) -> str:
@@ -64,6 +65,15 @@ def operator_token(key: bytes) -> str:
 
 def verify_operator_token(key: bytes, token: str) -> bool:
     return hmac.compare_digest(operator_token(key).encode(), token.encode())
+
+
+def metrics_token(key: bytes) -> str:
+    """A read-only capability for a metrics scraper: it opens the metrics endpoint only."""
+    return METRICS_TOKEN_PREFIX + _b64(_mac(key, "metrics-capability"))
+
+
+def verify_metrics_token(key: bytes, token: str) -> bool:
+    return hmac.compare_digest(metrics_token(key).encode(), token.encode())
 
 
 def verify_bearer(expected: str, presented: str) -> bool:

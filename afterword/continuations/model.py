@@ -68,6 +68,14 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
 INLINE_PAYLOAD_MAX = 16 * 1024  # larger result payloads are kept out of line, as blobs
 
 
+class StateChange(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One entry of a record's bounded state history (``Continuation.history``)."""
+
+    state: State
+    at_ms: int
+    error: str | None = None  # the last error code when the state was entered
+
+
 class ResultRecord(msgspec.Struct, frozen=True, kw_only=True):
     """An accepted result. The payload (compact JSON with sorted keys, exactly as hashed) is
     either inline in ``payload`` or, when larger than ``INLINE_PAYLOAD_MAX``, in the payload
@@ -129,6 +137,11 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     # An operator acknowledged this terminal outcome (dead letter, expiry, or a delivery
     # missing from history): it no longer affects health and becomes subject to retention.
     acknowledged_at_ms: int | None = None
+    # Delivery attempts made before operator retries reset ``attempts.delivery`` (which bounds
+    # one round of automatic retries); their sum is how many posts may have happened.
+    delivery_attempts_before: int = 0
+    # The states this record went through, oldest first, bounded (see continuations.trail).
+    history: tuple[StateChange, ...] = ()
 
     @property
     def id(self) -> str:
@@ -160,6 +173,7 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     attempts: Attempts = Attempts()
     post_unproven: bool = False
     acknowledged_at_ms: int | None = None
+    history: tuple[StateChange, ...] = ()
 
 
 class Activation(msgspec.Struct, frozen=True, kw_only=True):

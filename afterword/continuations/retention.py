@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .health import attention
-from .model import Continuation, Tombstone
+from .model import Attempts, Continuation, Tombstone
 
 SETTLED = frozenset({"delivered", "expired", "cancelled"})
 
@@ -63,7 +63,12 @@ def tombstone_of(rec: Continuation) -> Tombstone:
         receipt=rec.receipt,
         terminal_at_ms=terminal_at,
         last_error=rec.last_error,
-        attempts=rec.attempts,
+        # Cumulative across operator retries, as the live record reports them.
+        attempts=Attempts(
+            synthesis=rec.attempts.synthesis,
+            delivery=rec.delivery_attempts_before + rec.attempts.delivery,
+        ),
+        history=rec.history,
         post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
         acknowledged_at_ms=rec.acknowledged_at_ms,
     )

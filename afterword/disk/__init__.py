@@ -1,6 +1,7 @@
 """The disk seam: every file-system effect of afterword passes through here."""
 
 from .errors import DiskError, DiskFailedError, DurabilityError, UnsafeStateError
+from .private import write_private_file
 from .safe import DIR_MODE, FILE_MODE, FileHandle, StateRoot, is_temp_name
 from .seam import Disk, NoSyncDisk, OsDisk
 
@@ -17,4 +18,5 @@ __all__ = [
     "StateRoot",
     "UnsafeStateError",
     "is_temp_name",
+    "write_private_file",
 ]

@@ -154,6 +154,12 @@ def create_app(service: ContinuationService) -> Quart:
         log.error("unexpected error handling %s %s: %s", request.method, rule, type(exc).__name__)
         return error_response(500, "internal", "internal error")
 
+    @app.get("/v1/livez")
+    async def livez() -> Response:
+        # Unauthenticated on purpose: it answers that the process serves HTTP and nothing more
+        # (no counts, no version, no state), so a probe needs no capability.
+        return json_response({"status": "up"})
+
     @app.post("/v1/continuations/claim")
     async def claim() -> Response:
         token = _bearer()
@@ -193,6 +199,11 @@ def create_app(service: ContinuationService) -> Quart:
         limit = query_int("limit")
         return json_response(service.list_continuations(limit=limit, cursor=request.args.get("cursor")))
 
+    @app.get("/v1/operator/continuations/<cid>")
+    async def op_show(cid: str) -> Response:
+        _operator()
+        return json_response(service.continuation_detail(cid))
+
     @app.get("/v1/operator/health")
     async def op_health() -> Response:
         _operator()
@@ -227,7 +238,7 @@ def create_app(service: ContinuationService) -> Quart:
 
     @app.get("/v1/operator/metrics")
     async def op_metrics() -> Response:
-        _operator()
+        service.verify_metrics_reader(_bearer())
         from ..metrics import render_metrics
 
         return Response(render_metrics(service), status=200, content_type="text/plain; version=0.0.4")

@@ -11,9 +11,10 @@ from .channels import (
 )
 from .errors import PermanentDeliveryError, RetryableDeliveryError, SynthesisError, UnconfirmedDeliveryError
 from .loop import Worker
-from .synth import OpenAISynthesizer, SynthesisRequest, Synthesizer, TemplateSynthesizer
+from .synth import AnthropicSynthesizer, OpenAISynthesizer, SynthesisRequest, Synthesizer, TemplateSynthesizer
 
 __all__ = [
+    "AnthropicSynthesizer",
     "Channel",
     "ChunkDelivery",
     "ChunkReceipt",

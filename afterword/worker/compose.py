@@ -11,7 +11,7 @@ from ..continuations.model import Continuation
 from ..service import ContinuationService
 from . import channels as ch
 from .loop import Worker
-from .synth import OpenAISynthesizer, Synthesizer, TemplateSynthesizer
+from .synth import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
 
 
 def synthesizer_from_config(config: Config, environ: Mapping[str, str]) -> Synthesizer:
@@ -21,6 +21,16 @@ def synthesizer_from_config(config: Config, environ: Mapping[str, str]) -> Synth
         key = environ.get(s.api_key_env) if s.api_key_env else None
         return OpenAISynthesizer(
             s.base_url, s.model, key, timeout_s=config.limits.synthesis_timeout_ms / 1000
+        )
+    if s.provider == "anthropic":
+        assert s.base_url and s.model
+        key = environ.get(s.api_key_env) if s.api_key_env else None
+        return AnthropicSynthesizer(
+            s.base_url,
+            s.model,
+            key,
+            max_tokens=s.max_tokens,
+            timeout_s=config.limits.synthesis_timeout_ms / 1000,
         )
     return TemplateSynthesizer()
 

@@ -61,21 +61,77 @@ def framed_payload(payload: Any) -> str:
     return f"{FRAME_OPEN}\n{body}\n{FRAME_CLOSE}"
 
 
+# Keys the template synthesizer reads, in order of preference, for the one-line answer.
+SUMMARY_KEYS = ("summary", "message", "text", "result")
+# Keys that steer delivery rather than carry content; never rendered.
+CONTROL_KEYS = ("actionable",)
+_MAX_DEPTH = 4
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _lines(value: Any, indent: str, depth: int) -> list[str]:
+    """Readable ``key: value`` lines for a JSON value (nested objects indent, lists bullet)."""
+    if depth > _MAX_DEPTH:
+        return [f"{indent}..."]
+    out: list[str] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(item, Mapping | list) and item:
+                if isinstance(item, list) and all(not isinstance(i, Mapping | list) for i in item):
+                    out.append(f"{indent}{key}: {', '.join(_scalar(i) for i in item)}")
+                else:
+                    out.append(f"{indent}{key}:")
+                    out.extend(_lines(item, indent + "  ", depth + 1))
+            else:
+                out.append(f"{indent}{key}: {_scalar(item) if item not in ({}, []) else 'none'}")
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, Mapping | list) and item:
+                out.append(f"{indent}-")
+                out.extend(_lines(item, indent + "  ", depth + 1))
+            else:
+                out.append(f"{indent}- {_scalar(item)}")
+    else:
+        out.append(f"{indent}{_scalar(value)}")
+    return out
+
+
 class TemplateSynthesizer:
-    """Deterministic, no model: renders the payload into a short answer."""
+    """Deterministic, no model: renders the payload into a short answer.
+
+    Reads, in order, the first non-empty string among ``summary``, ``message``, ``text`` and
+    ``result`` and answers with it on one line. A payload with none of them is rendered as
+    readable ``key: value`` lines (nested objects indented, lists as bullets), never as raw
+    JSON. ``actionable`` is a control key (``notify_if_actionable`` suppresses a payload whose
+    ``actionable`` is ``false``) and is never rendered.
+    """
 
     async def synthesize(self, request: SynthesisRequest) -> str:
-        payload = request.payload
-        summary: str | None = None
-        if isinstance(payload, Mapping):
-            for key in ("summary", "message", "text", "result"):
-                value = payload.get(key)
-                if isinstance(value, str) and value.strip():
-                    summary = value.strip()
-                    break
-        if summary is None:
-            summary = _json.encode(payload).decode()
-        return f"Update on your earlier request: {summary}"
+        return render_template(request.payload)
+
+
+def render_template(payload: Any) -> str:
+    if isinstance(payload, Mapping):
+        for key in SUMMARY_KEYS:
+            value = payload.get(key)
+            if isinstance(value, str) and value.strip():
+                return f"Update on your earlier request: {value.strip()}"
+        content = {k: v for k, v in payload.items() if k not in CONTROL_KEYS}
+        if not content:
+            return "Update on your earlier request: the task finished."
+        return "Update on your earlier request:\n" + "\n".join(_lines(content, "", 0))
+    if isinstance(payload, str) and payload.strip():
+        return f"Update on your earlier request: {payload.strip()}"
+    if isinstance(payload, list):
+        return "Update on your earlier request:\n" + "\n".join(_lines(payload, "", 0))
+    return f"Update on your earlier request: {_scalar(payload)}"
 
 
 def _messages(request: SynthesisRequest) -> list[dict[str, str]]:
@@ -113,6 +169,78 @@ class OpenAISynthesizer:
         except (ValueError, KeyError, IndexError, TypeError):
             raise SynthesisError("synthesis endpoint answered without a message") from None
         if not isinstance(text, str) or not text.strip():
+            raise SynthesisError("synthesis endpoint answered with empty text")
+        return text.strip()
+
+
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_ANTHROPIC_MAX_TOKENS = 1024
+
+
+def _alternating(request: SynthesisRequest) -> list[dict[str, str]]:
+    """The context as the Messages API wants it: user first, roles alternating, ending with
+    the framed payload as the last user turn (adjacent same-role turns are joined)."""
+    turns: list[dict[str, str]] = []
+    items = [(m.role, m.content) for m in request.messages if m.role in ("user", "assistant")]
+    items.append(("user", framed_payload(request.payload)))
+    for role, content in items:
+        if turns and turns[-1]["role"] == role:
+            turns[-1] = {"role": role, "content": turns[-1]["content"] + "\n\n" + content}
+        else:
+            turns.append({"role": role, "content": content})
+    if turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": "(earlier conversation)"})
+    return turns
+
+
+class AnthropicSynthesizer:
+    """Anthropic's Messages API (``POST {base_url}/v1/messages``). No tools are ever sent.
+
+    Same contract as :class:`OpenAISynthesizer`: the instructions go in ``system``, the payload
+    only inside the untrusted data block of the last user turn, and every failure (transport,
+    non-200, no text) is one :class:`SynthesisError` the worker dead-letters without repeating.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        max_tokens: int = DEFAULT_ANTHROPIC_MAX_TOKENS,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self._url = base_url.rstrip("/") + "/v1/messages"
+        self._model = model
+        self._max_tokens = max_tokens
+        self._headers = {"anthropic-version": ANTHROPIC_VERSION}
+        if api_key:
+            self._headers["x-api-key"] = api_key
+        self._timeout = timeout_s
+
+    def __repr__(self) -> str:
+        return f"<AnthropicSynthesizer {self._url} model={self._model}>"
+
+    async def synthesize(self, request: SynthesisRequest) -> str:
+        body = {
+            "model": self._model,
+            "max_tokens": self._max_tokens,
+            "system": INSTRUCTIONS,
+            "messages": _alternating(request),
+        }
+        async with httpx.AsyncClient(timeout=self._timeout) as client:
+            try:
+                response = await client.post(self._url, json=body, headers=self._headers)
+            except httpx.HTTPError as exc:
+                raise SynthesisError(f"synthesis request failed: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise SynthesisError(f"synthesis endpoint answered HTTP {response.status_code}")
+        try:
+            blocks = response.json()["content"]
+            text = "".join(b["text"] for b in blocks if b.get("type") == "text")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SynthesisError("synthesis endpoint answered without a message") from None
+        if not text.strip():
             raise SynthesisError("synthesis endpoint answered with empty text")
         return text.strip()
 

@@ -1,0 +1,191 @@
+"""What a new operator meets: help, version, errors that say what to do next, `show`, the
+list's outcome column, metrics (and the read-only metrics capability), and `/v1/livez`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from _cli import CLI, FakeWebhook, Server, env, run_cli, served, write_operator_config
+
+from afterword import __version__
+from afterword.cli import _state_label, build_parser
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def hook() -> Iterator[FakeWebhook]:
+    fake = FakeWebhook(hang_s=5.0)
+    yield fake
+    fake.close()
+
+
+def cli(server: Server, *args: str) -> tuple[int, str, str]:
+    done = run_cli(*args, config=server.config)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_command_argument_and_option_has_help() -> None:
+    missing = []
+    for prog, parser in _parsers(build_parser()):
+        if prog.startswith("afterword tasks"):
+            continue  # the task journal's commands are covered by tests/test_tasks_cli.py
+        if parser.description is None and prog != "afterword":
+            missing.append(f"{prog}: no description")
+        for action in parser._actions:
+            if action.help is None and not isinstance(action, argparse._SubParsersAction):
+                missing.append(f"{prog} {action.dest}")
+    assert not missing
+    resolve = next(p for prog, p in _parsers(build_parser()) if prog.endswith("resolve")).format_help()
+    for verdict in ("delivered", "not-delivered", "dead-lettered"):
+        assert verdict in resolve
+
+
+def test_version_and_python_m() -> None:
+    for argv in ([sys.executable, "-m", "afterword", "--version"], [*CLI, "--version"]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0 and done.stdout.strip() == f"afterword {__version__}"
+    done = subprocess.run([sys.executable, "-m", "afterword", "demo", "-h"], capture_output=True, text=True)
+    assert done.returncode == 0 and "temporary directory" in done.stdout
+
+
+def test_errors_say_what_to_do_next_and_json_errors_are_json(tmp_path: Path) -> None:
+    cwd = tmp_path / "empty"
+    cwd.mkdir()
+    done = subprocess.run([*CLI, "continuations", "list"], cwd=cwd, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 3
+    assert "pass --config" in done.stderr and "`afterword serve` first" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = subprocess.run(
+        [*CLI, "continuations", "list", "--json"], cwd=cwd, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 3 and done.stderr == ""
+    assert json.loads(done.stdout)["error"]["code"] == "no_state"
+    done = subprocess.run(
+        [*CLI, "continuations", "resolve", "c_x", "maybe", "--json"], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2 and "invalid choice" in json.loads(done.stdout)["error"]["message"]
+
+
+def test_state_labels_tell_held_from_scheduled() -> None:
+    assert _state_label("delivery_retry", True, None) == "delivery_retry (held)"
+    assert _state_label("delivery_retry", False, "2030-01-01T00:00:01.000Z").endswith("(next 2030-01-01T00:00:01.000Z)")
+    assert _state_label("delivered", False, None) == "delivered"
+
+
+def test_operator_path_show_list_outcome_metrics_livez(tmp_path: Path, hook: FakeWebhook) -> None:
+    config = write_operator_config(tmp_path, hook.url)
+    with served(config) as server:
+        livez = httpx.get(server.base + "/v1/livez")
+        assert livez.status_code == 200 and livez.json() == {"status": "up"}
+
+        ok = server.claim("ok", "task-ok")
+        server.result(ok, {"summary": "all good"})
+        server.wait_state(ok, "delivered")
+        quiet = server.claim("quiet", "task-quiet")
+        server.result(quiet, {"anything": 1})
+        server.wait_state(quiet, "delivered")
+
+        hung = server.claim("hang", "task-hang")
+        server.result(hung, {"summary": "y"})
+        server.wait_state(hung, "delivery_unknown")
+        hid = hung["continuationId"]
+        code, out, err = cli(server, "continuations", "retry", hid)
+        assert code == 1 and "--allow-unknown" in err
+        code, out, _ = cli(server, "continuations", "retry", hid, "--json")
+        assert code == 1 and json.loads(out)["error"]["code"] == "conflict"
+        assert cli(server, "continuations", "resolve", hid, "not-delivered")[0] == 0
+
+        code, out, _ = cli(server, "continuations", "list")
+        assert code == 0 and "OUTCOME" in out.splitlines()[0]
+        rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.startswith("c_")}
+        assert " posted " in rows[ok["continuationId"]]
+        assert " silent " in rows[quiet["continuationId"]]
+        assert "delivery_retry (held)" in rows[hid]
+        code, out, _ = cli(server, "continuations", "list", "--json")
+        held = next(i for i in json.loads(out)["items"] if i["continuationId"] == hid)
+        assert held["held"] is True and held["nextAttemptAt"] is None and held["outcome"] is None
+
+        code, out, _ = cli(server, "continuations", "show", ok["continuationId"])
+        assert code == 0
+        assert "outcome" in out and "posted" in out and "receipt" in out and "completion kind" in out
+        code, out, _ = cli(server, "continuations", "show", hid, "--json")
+        detail = json.loads(out)
+        states = [h["state"] for h in detail["history"]]
+        assert states[0] == "claimed" and states[-2:] == ["delivery_unknown", "delivery_retry"]
+        assert "result_received" in states and detail["historyComplete"] is True
+        unknown = next(h for h in detail["history"] if h["state"] == "delivery_unknown")
+        assert unknown["error"] == "delivery_timeout" and unknown["at"].endswith("Z")
+        assert detail["status"]["attempts"]["delivery"] == 1 and detail["route"] == "hang"
+        code, _, err = cli(server, "continuations", "show", "c_nosuch")
+        assert code == 1 and "afterword continuations list" in err
+
+        code, out, _ = cli(server, "continuations", "metrics")
+        assert code == 0 and 'afterword_continuations{state="delivered"} 2.0' in out
+
+        token_file = tmp_path / "prom" / "afterword.token"
+        token_file.parent.mkdir()
+        code, out, _ = cli(server, "continuations", "metrics-token", str(token_file))
+        assert code == 0 and str(token_file) in out
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = token_file.read_text()
+        assert token not in out
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(server.base + "/v1/operator/metrics", headers=bearer).status_code == 200
+        for path in ("/v1/operator/health", "/v1/operator/continuations", f"/v1/operator/continuations/{hid}"):
+            assert httpx.get(server.base + path, headers=bearer).status_code == 401
+        retry = httpx.post(server.base + f"/v1/operator/continuations/{hid}/retry", headers=bearer, json={})
+        assert retry.status_code == 401
+    code = subprocess.run(
+        [*CLI, "continuations", "health", "--config", str(config)], capture_output=True, text=True, env=env()
+    )
+    assert code.returncode == 3 and "/v1/livez" in code.stderr and server.base in code.stderr
+
+
+def test_serve_without_the_detached_token_runs_and_says_which_service_cannot_claim(
+    tmp_path: Path, hook: FakeWebhook
+) -> None:
+    config = write_operator_config(tmp_path, hook.url)
+    e = env()
+    e.pop("AFTERWORD_TEST_DETACHED_TOKEN")
+    server = Server(config)
+    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - handed to the child
+    server.proc = subprocess.Popen([*CLI, "serve", "--config", str(config)], stdout=log, stderr=log, env=e)
+    try:
+        import time
+
+        end = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(server.base + "/v1/livez").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < end and server.proc.poll() is None
+                time.sleep(0.05)
+        r = httpx.post(
+            server.base + "/v1/continuations/detached/claim",
+            headers={"Authorization": "Bearer anything-at-all-0123456", "X-Mono-Agent-Service-Name": "svc"},
+            json={"route": "ok", "taskKey": "k", "taskHash": "h", "deadline": "2099-01-01T00:00:00.000Z"},
+        )
+        assert r.status_code == 401
+    finally:
+        assert server.stop() == 0
+    text = server.log()
+    assert "detached service 'svc' cannot claim until AFTERWORD_TEST_DETACHED_TOKEN" in text
