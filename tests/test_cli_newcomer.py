@@ -42,7 +42,8 @@ def _parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Ar
                 yield from _parsers(sub)
 
 
-def test_every_command_argument_and_option_has_help() -> None:
+def test_every_command_argument_and_option_has_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # no line breaks inside the words checked below
     missing = []
     for prog, parser in _parsers(build_parser()):
         if prog.startswith("afterword tasks"):
