@@ -39,7 +39,10 @@ from .runtime import open_service
 from .service import ContinuationService
 from .views import status_body
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# A built wheel carries the examples as afterword/examples (see setup.py); a source checkout
+# (an editable install) has them beside the package.
+_PACKAGED = Path(__file__).resolve().parent / "examples"
+EXAMPLES = _PACKAGED if (_PACKAGED / "work_control_server.py").exists() else Path(__file__).resolve().parent.parent / "examples"
 DETACHED_SERVICE = "nightly-audit"
 DETACHED_TOKEN_ENV = "AFTERWORD_DEMO_DETACHED_TOKEN"
 CONVERSATION = "demo:chat-42"

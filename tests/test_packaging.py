@@ -1,0 +1,73 @@
+"""The built wheel: typed, carries the examples the demo runs, declares the examples' extra;
+and (with AFTERWORD_WHEEL_TEST=1, as .ci/run does after the suite) installs into a fresh
+virtualenv, not editable, where `afterword demo` runs to a delivered answer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_wheel(out: Path) -> Path:
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [wheel] = out.glob("afterword-*.whl")
+    return wheel
+
+
+@pytest.mark.timeout(300)
+def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
+    assert "afterword/py.typed" in names
+    for example in ("work_control_server.py", "reference_host.py", "embed.py", "walkthrough.sh", "mcp.json"):
+        assert f"afterword/examples/{example}" in names
+    assert "afterword/__main__.py" in names and "afterword/tasks/cli.py" in names
+    assert "Provides-Extra: examples" in metadata
+    assert not any(n.startswith(("tests/", "bench/")) for n in names)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(os.environ.get("AFTERWORD_WHEEL_TEST") != "1", reason="set AFTERWORD_WHEEL_TEST=1 (slow)")
+def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    work = tmp_path / "fresh"
+    work.mkdir()
+    # Run from an empty directory with only the venv on PATH: nothing can come from this checkout.
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    demo = subprocess.run(
+        [str(venv / "bin" / "afterword"), "demo"], capture_output=True, text=True, timeout=240, cwd=work, env=env
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "Health: healthy" in demo.stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import afterword; print(afterword.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+    )
+    assert where.stdout.startswith(str(venv))
