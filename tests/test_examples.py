@@ -137,3 +137,13 @@ def test_running_examples_in_place_leaves_nothing_for_git(tmp_path: Path) -> Non
     paths = ["examples/.mono-agent/continuations/secret", "examples/outbox.jsonl"]
     done = subprocess.run(["git", "check-ignore", *paths], cwd=root, capture_output=True, text=True)
     assert done.stdout.split() == paths
+
+
+def test_readme_embedding_snippet_is_taken_from_embed_py() -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme.split("## Embedding (the app handle)", 1)[1]
+    snippet = section.split("```python", 1)[1].split("```", 1)[0]
+    source = {line.split("  #", 1)[0].strip() for line in (EXAMPLES / "embed.py").read_text().splitlines()}
+    lines = [line.split("  #", 1)[0].strip() for line in snippet.splitlines()]
+    missing = [line for line in lines if line and line not in source]
+    assert not missing, f"README shows lines that examples/embed.py does not have: {missing}"
