@@ -101,6 +101,12 @@ class DetailBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     history_complete: bool
 
 
+class LivezBody(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /v1/livez``: always ``{"status": "up"}`` while the HTTP server runs."""
+
+    status: str
+
+
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorDetail
 

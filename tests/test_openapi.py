@@ -19,7 +19,7 @@ from afterword.continuations.capabilities import result_token
 from afterword.continuations.model import ErrorInfo
 from afterword.http.app import create_app
 from afterword.http.openapi import OPERATIONS, build_openapi, openapi_bytes
-from afterword.operator import read_operator_token
+from afterword.operator import read_metrics_token, read_operator_token
 
 pytestmark = pytest.mark.anyio
 SHIPPED = Path(afterword.http.__file__).parent / "openapi.json"
@@ -160,6 +160,11 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
         await s.send("get", "/v1/operator/health", 401)
         await s.send("get", "/v1/operator/metrics", 200, headers=op)
         await s.send("get", "/v1/operator/metrics", 401)
+        await s.send("get", "/v1/operator/metrics", 200, headers=auth(read_metrics_token(h.config)))
+        await s.send("get", "/v1/livez", 200)
+        await s.send("get", f"/v1/operator/continuations/{cid}", 200, headers=op)
+        await s.send("get", f"/v1/operator/continuations/{cid}", 401)
+        await s.send("get", "/v1/operator/continuations/c_none", 404, headers=op)
         await s.send("get", "/v1/operator/continuations?limit=x", 400, headers=op)
 
         second = (await s.send("post", "/v1/continuations/claim", 200, json=body("t2"), headers=auth(token))).json()

@@ -20,6 +20,7 @@ from ..wire import (
     DetachedClaimRequest,
     ErrorBody,
     ErrorDetail,
+    LivezBody,
     ResolveRequest,
     ResultRequest,
     RetryRequest,
@@ -158,7 +159,7 @@ def create_app(service: ContinuationService) -> Quart:
     async def livez() -> Response:
         # Unauthenticated on purpose: it answers that the process serves HTTP and nothing more
         # (no counts, no version, no state), so a probe needs no capability.
-        return json_response({"status": "up"})
+        return json_response(LivezBody(status="up"))
 
     @app.post("/v1/continuations/claim")
     async def claim() -> Response:

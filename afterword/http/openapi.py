@@ -22,9 +22,11 @@ from ..wire import (
     ClaimRequest,
     ClaimResponse,
     DetachedClaimRequest,
+    DetailBody,
     ErrorBody,
     HealthBody,
     ListResponse,
+    LivezBody,
     ResolveRequest,
     ResultRequest,
     RetryRequest,
@@ -61,6 +63,7 @@ class Operation:
     request_optional: bool = False
     query: tuple[tuple[str, dict[str, Any]], ...] = ()
     headers: tuple[tuple[str, str], ...] = ()
+    also_security: str | None = None  # a second credential that opens the operation too
 
 
 _CID = "/v1/continuations/{cid}"
@@ -133,6 +136,16 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
+        _OP,
+        "showContinuation",
+        "One continuation in full: status, binding names, task key and state history",
+        "operatorCapability",
+        None,
+        DetailBody,
+        (400, 401, 404),
+    ),
+    Operation(
+        "get",
         "/v1/operator/health",
         "health",
         "Service health",
@@ -191,6 +204,17 @@ OPERATIONS: tuple[Operation, ...] = (
         None,
         None,
         (400, 401),
+        also_security="metricsCapability",
+    ),
+    Operation(
+        "get",
+        "/v1/livez",
+        "livez",
+        "Liveness: the process serves HTTP (no credential; reveals nothing else)",
+        None,
+        None,
+        LivezBody,
+        (400,),
     ),
     Operation(
         "get",
@@ -209,6 +233,7 @@ _SECURITY = {
     "resultToken": "The resultToken from the claim response; valid for that continuation only",
     "detachedToken": "The detached service's configured token (with X-Mono-Agent-Service-Name)",
     "operatorCapability": "Derived from the state directory's secret by the service's owner",
+    "metricsCapability": "Read-only; opens the metrics only (afterword continuations metrics-token)",
 }
 
 
@@ -255,7 +280,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     for status in op.errors:
         responses[str(status)] = {"$ref": f"#/components/responses/E{status}"}
     doc["responses"] = responses
-    doc["security"] = [{op.security: []}] if op.security else []
+    doc["security"] = [{name: []} for name in (op.security, op.also_security) if name]
     return doc
 
 
