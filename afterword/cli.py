@@ -95,7 +95,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     try:
         health = client.health()
     except OperatorError as exc:
-        return _report(args, exc.code, _operator_message(exc), EXIT_UNREACHABLE)
+        return _report(args, exc.code, _operator_message(exc, args), EXIT_UNREACHABLE)
     finally:
         client.close()
     if args.json:
@@ -236,7 +236,7 @@ def cmd_metrics_token(args: argparse.Namespace) -> int:
 
     config = resolve_config(args.config, check_secrets=False)
     token = _operator_secret(config, read_metrics_token)
-    target = Path(args.output).absolute()
+    target = Path(os.path.abspath(args.output))
     try:
         write_private_file(str(target), token.encode())
     except OSError as exc:
@@ -516,10 +516,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return anyio.run(run_demo, args.keep)
 
 
-def _operator_message(exc: OperatorError) -> str:
+def _operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
+    cid = getattr(args, "id", None)
     hints = {
+        400: f"see `afterword continuations {getattr(args, 'verb', '')} -h`",
         401: "the service rejected this state directory's capability: pass the --config the service runs with",
         404: "list the known ids with `afterword continuations list`",
+        409: f"see its state and history with `afterword continuations show {shlex.quote(cid)}`" if cid else None,
     }
     hint = hints.get(exc.status)
     return f"{exc} ({exc.code})" + (f"; {hint}" if hint else "")
@@ -550,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"{exc} (stop the other `afterword serve`, or give this one its own stateDir)"
         return _report(args, "state_locked", message, 1)
     except OperatorError as exc:
-        return _report(args, exc.code, _operator_message(exc), EXIT_UNREACHABLE if exc.status == 0 else 1)
+        return _report(args, exc.code, _operator_message(exc, args), EXIT_UNREACHABLE if exc.status == 0 else 1)
     except CliError as exc:
         return _report(args, exc.kind, str(exc), exc.code)
     except (StoreError, DiskError) as exc:

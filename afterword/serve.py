@@ -56,7 +56,11 @@ def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
         "origin": new.origin_context,
         "mode": new.claim.mode,
         "server": new.claim.server_name,
-        "attempts": {"synthesis": new.attempts.synthesis, "delivery": new.attempts.delivery},
+        # Delivery attempts across operator retries, as status and `list` report them.
+        "attempts": {
+            "synthesis": new.attempts.synthesis,
+            "delivery": new.delivery_attempts_before + new.attempts.delivery,
+        },
         "error": new.last_error.code if new.last_error else None,
     }
     return _line.encode(event) + b"\n"

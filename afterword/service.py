@@ -243,7 +243,7 @@ class ContinuationService:
     ) -> None:
         """Commit new versions (create when old is None) in one transaction, then notify."""
         now = self.clock_ms()
-        pairs = [(old, record_change(self.repo.get(new.id), new, now)) for old, new in pairs]
+        pairs = [(old, self._with_history(new, now)) for old, new in pairs]
         creates = [new for old, new in pairs if old is None]
         updates = [new for old, new in pairs if old is not None]
         self.fence.ensure()  # before the first native v3 record becomes durable
@@ -255,6 +255,16 @@ class ContinuationService:
         await self.store.transact([*(self.repo.put(r) for r in (*creates, *updates)), *extra], expect=expect)
         for old, new in pairs:
             self._notify(old, new)
+
+    def _with_history(self, new: Continuation, now: int) -> Continuation:
+        """``new`` with its state history carried forward, unless that history would be what
+        pushes a near-limit record over the store's per-record limit: the history is for
+        operators and must never be the reason a transition fails."""
+        recorded = record_change(self.repo.get(new.id), new, now)
+        limit = self.store.options.max_record_bytes
+        if recorded.history and len(recorded.text or "") > limit // 2 and len(encode(recorded)) > limit:
+            return msgspec.structs.replace(recorded, history=())
+        return recorded
 
     async def transition(
         self, cid: str, fn: Callable[[Continuation], Continuation | None]

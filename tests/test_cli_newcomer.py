@@ -109,7 +109,7 @@ def test_operator_path_show_list_outcome_metrics_livez(tmp_path: Path, hook: Fak
         server.wait_state(hung, "delivery_unknown")
         hid = hung["continuationId"]
         code, out, err = cli(server, "continuations", "retry", hid)
-        assert code == 1 and "--allow-unknown" in err
+        assert code == 1 and "--allow-unknown" in err and f"afterword continuations show {hid}" in err
         code, out, _ = cli(server, "continuations", "retry", hid, "--json")
         assert code == 1 and json.loads(out)["error"]["code"] == "conflict"
         assert cli(server, "continuations", "resolve", hid, "not-delivered")[0] == 0
