@@ -117,11 +117,11 @@ async def one_turn(service: ContinuationService, config: Config, reply_to: str) 
 
     async with producer:
         await handle.submit_result({"summary": "the index has 42,017 documents"}, idempotency_key="result-1")
-    print("4. the tool submitted its result")
-
-    with anyio.fail_after(30):
-        while not (lines := [x for x in outbox_lines(config) if x["conversationId"] == reply_to]):
-            await anyio.sleep(0.05)
+        print("4. the tool submitted its result")
+        with anyio.fail_after(30):  # the tool may follow its status URL until the answer is out
+            while (await handle.status()).state != "delivered":
+                await anyio.sleep(0.05)
+    lines = [x for x in outbox_lines(config) if x["conversationId"] == reply_to]
     print(f"5. delivered to {reply_to} via {Path(config.config_dir) / 'outbox.jsonl'}: {lines[0]['text']}")
     return lines[0]
 
