@@ -23,6 +23,7 @@ from _service import DETACHED_TOKEN, free_port, write_config
 from test_http_protocol import Harness, _raw_exchange, _result_head, serving
 
 from afterword.http.listener import MAX_REFUSALS_IN_FLIGHT, RESERVED_DESCRIPTORS, AcceptLoop, connection_cap
+from afterword.metrics import render_metrics
 
 pytestmark = pytest.mark.anyio
 
@@ -79,6 +80,9 @@ async def test_connections_beyond_the_cap_are_refused_with_503(tmp_path: Path) -
         assert line.startswith("HTTP/1.1 503"), line
         assert body["error"]["code"] == "too_many_connections"
         assert acceptor.refused >= 1
+        metrics = render_metrics(h.service).decode()
+        assert "afterword_http_connections 4.0" in metrics
+        assert "afterword_http_connections_refused_total 1.0" in metrics
         for stream in held:
             await stream.aclose()
         with anyio.fail_after(10):
