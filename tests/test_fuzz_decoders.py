@@ -57,6 +57,7 @@ from afterword.wal.scan import SegmentImage, scan_chain
 from afterword.wire import ClaimRequest, DetachedClaimRequest, ResolveRequest, ResultRequest, RetryRequest
 
 EXAMPLES = int(os.environ.get("AFTERWORD_FUZZ_EXAMPLES", "60"))
+pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 2))  # a long run needs longer
 fuzz = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -42,7 +42,7 @@ import afterword
 from afterword.operator import read_operator_token
 
 EXAMPLES = int(os.environ.get("AFTERWORD_SCHEMATHESIS_EXAMPLES", "15"))
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(max(600, EXAMPLES * 8))  # a long run needs longer
 
 
 class Live:
