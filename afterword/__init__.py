@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import Config, ConfigError, default_config, load_config
 from .continuations.errors import ServiceDisabled
+from .errors import AfterwordError
 
 if TYPE_CHECKING:
     from .runtime import open_service
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AfterwordError",
     "Config",
     "ConfigError",
     "ContinuationService",

@@ -22,6 +22,7 @@ import msgspec
 from . import __version__
 from .config import Config, ConfigError, default_config, load_config
 from .disk import DiskError
+from .errors import AfterwordError
 from .legacy import MigrationError
 from .operator import OperatorClient, OperatorError, read_metrics_token, read_operator_token
 from .store import StoreError, StoreLockedError
@@ -30,7 +31,7 @@ EXIT_HEALTH = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 EXIT_UNREACHABLE = 3
 
 
-class CliError(Exception):
+class CliError(AfterwordError):
     def __init__(self, message: str, code: int = 1, kind: str = "usage") -> None:
         self.code = code
         self.kind = kind

@@ -32,6 +32,7 @@ from rich.console import Console
 
 from .config import DEFAULT_PORT, Config, load_config
 from .continuations.model import Continuation
+from .errors import AfterwordError
 from .http.server import ServeError
 from .mcp_host import Settlement
 from .producer import Producer, task_hash
@@ -51,7 +52,7 @@ WAIT_S = 60.0
 _TERMINAL = {"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"}
 
 
-class DemoError(Exception):
+class DemoError(AfterwordError):
     """The demo could not run or did not reach its end; the message says where."""
 
 

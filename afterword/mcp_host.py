@@ -31,6 +31,7 @@ from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from .config import Config, ConfigError, McpServer, is_loopback_url, select_continuation_servers
+from .errors import CallerError
 from .host.binding import RunBinding
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
 HTTP_TIMEOUT = httpx.Timeout(30.0, read=300.0)
 
 
-class McpHostError(Exception):
+class McpHostError(CallerError):
     """A helper was asked for something the server entry cannot do (the host's fault)."""
 
 

@@ -15,12 +15,13 @@ import msgspec
 from .config import Config
 from .continuations.capabilities import metrics_token, operator_token
 from .disk import StateRoot
+from .errors import AfterwordError
 from .store.keys import derive_key
 from .store.loading import SECRET, SECRET_BYTES
 from .wire import DetailBody, HealthBody, ListResponse, StatusBody
 
 
-class OperatorError(Exception):
+class OperatorError(AfterwordError):
     """The operator request failed; ``status`` is the HTTP status (0: service unreachable)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:

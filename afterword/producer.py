@@ -35,6 +35,7 @@ import httpx
 import msgspec
 
 from .config.mcp import is_loopback_url
+from .errors import AfterwordError, CallerError, RemoteError
 from .host.binding import RESERVED_ENV, RESERVED_HEADERS
 from .wire import ClaimResponse, StatusBody
 
@@ -70,27 +71,27 @@ _status_decoder = msgspec.json.Decoder(StatusBody)
 
 
 # -- errors -------------------------------------------------------------------------------------
-class ProducerError(Exception):
+class ProducerError(AfterwordError):
     """Base of every error raised by this module. Messages never contain a token."""
 
 
-class NoCapability(ProducerError):
+class NoCapability(ProducerError, CallerError):
     """This server was not handed a claim capability: it is not selected in
     ``tools.continuationServers``, or the host runs no continuation service. The tool should
     do its work synchronously or refuse; it must not invent a route."""
 
 
-class InvalidCapability(ProducerError):
+class InvalidCapability(ProducerError, CallerError):
     """The capability values are malformed or point away from loopback (the host's fault, or a
     forged header): the token is never sent anywhere but the local service."""
 
 
-class ServiceUnavailable(ProducerError):
+class ServiceUnavailable(ProducerError, RemoteError):
     """The service could not be reached, or kept failing, within the retry budget. The call is
     idempotent: retrying it later with the same arguments is safe."""
 
 
-class RejectedByService(ProducerError):
+class RejectedByService(ProducerError, CallerError):
     """The service refused the request; retrying the same request will not help.
 
     ``status`` is the HTTP status and ``code`` the service's error code.

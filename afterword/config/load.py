@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from ..errors import CallerError
 from .mcp import parse_mcp_servers, select_continuation_servers
 from .model import (
     ChannelConfig,
@@ -206,7 +207,7 @@ def _convert(value: Any, type_: Any, path: str, file: str | None) -> Any:
 # Reading files.
 
 
-class _DuplicateKey(ValueError):
+class _DuplicateKey(CallerError, ValueError):
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from ..errors import CallerError
+
 __all__ = [
     "ChannelConfig",
     "Config",
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 
-class ConfigError(Exception):
+class ConfigError(CallerError):
     """The configuration is invalid: the operator's fault, never retried.
 
     ``path`` is the JSON path of the offending value (``continuations.port``,

@@ -6,48 +6,50 @@ Internally the precise error is raised; the HTTP edge converts it once into the 
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, CallerError
 
-class ContinuationError(Exception):
+
+class ContinuationError(AfterwordError):
     """Base of every error of the continuation core."""
 
     status = 500
     code = "internal"
 
 
-class InvalidRequest(ContinuationError):
+class InvalidRequest(ContinuationError, CallerError):
     """The caller sent something malformed or outside the rules (the caller's fault)."""
 
     status = 400
     code = "invalid_request"
 
 
-class Unauthorized(ContinuationError):
+class Unauthorized(ContinuationError, CallerError):
     """No valid credential for this operation."""
 
     status = 401
     code = "unauthorized"
 
 
-class Forbidden(ContinuationError):
+class Forbidden(ContinuationError, CallerError):
     """The credential is valid but does not grant this operation or destination."""
 
     status = 403
     code = "forbidden"
 
 
-class NotFound(ContinuationError):
+class NotFound(ContinuationError, CallerError):
     status = 404
     code = "not_found"
 
 
-class Conflict(ContinuationError):
+class Conflict(ContinuationError, CallerError):
     """The request contradicts what was already accepted (identity reused, state refuses)."""
 
     status = 409
     code = "conflict"
 
 
-class Closed(ContinuationError):
+class Closed(ContinuationError, CallerError):
     """The capability or continuation no longer accepts this (closed, expired, terminal)."""
 
     status = 410
@@ -65,12 +67,12 @@ class ServiceDisabled(Closed):
         super().__init__("continuations are disabled in this configuration (continuations.enabled is false)")
 
 
-class TooLarge(ContinuationError):
+class TooLarge(ContinuationError, CallerError):
     status = 413
     code = "too_large"
 
 
-class AdmissionLimit(ContinuationError):
+class AdmissionLimit(ContinuationError, CallerError):
     """Too many active continuations globally or for one origin."""
 
     status = 429
@@ -86,7 +88,7 @@ class InvalidTransition(Conflict):
         super().__init__(f"{event} is not allowed in state {state}")
 
 
-class SnapshotError(ContinuationError):
+class SnapshotError(ContinuationError, CallerError):
     """The origin history cannot form a valid snapshot (the host's fault)."""
 
     status = 400

@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, StateError
 
-class DiskError(Exception):
+
+class DiskError(AfterwordError):
     """Base of every error raised by ``afterword.disk``."""
 
 
-class UnsafeStateError(DiskError):
+class UnsafeStateError(DiskError, StateError):
     """A path under the state root violates a fail-closed rule.
 
     ``rule`` is one of: ``symlink``, ``not_regular``, ``not_directory``, ``hard_link``,
@@ -32,7 +34,7 @@ class UnsafeStateError(DiskError):
         super().__init__(text)
 
 
-class DurabilityError(DiskError):
+class DurabilityError(DiskError, StateError):
     """fsync/fdatasync (or a write it would cover) failed; never retried."""
 
     def __init__(self, path: str, operation: str, errno_: int | None) -> None:
@@ -42,5 +44,5 @@ class DurabilityError(DiskError):
         super().__init__(f"{path}: {operation} failed (errno {errno_}); state must be reopened")
 
 
-class DiskFailedError(DiskError):
+class DiskFailedError(DiskError, StateError):
     """Refused: an earlier failure made this state directory read-only until reopened."""

@@ -24,6 +24,7 @@ import anyio
 import blake3
 import msgspec
 
+from ..errors import AfterwordError
 from ..store import Delete, PendingCommit, Put, Record, RecordStore, RecordTooLarge, VersionConflict
 from ..wal import TransactionTooLarge
 from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
@@ -34,7 +35,7 @@ Guard = Callable[[Sequence[Message]], bool]
 """Checked under the append lock with the conversation's tail, in-flight appends included."""
 
 
-class _Refused(Exception):
+class _Refused(AfterwordError):
     """A guarded append whose guard said no (internal)."""
 
 PREFIX = "history/"

@@ -8,18 +8,20 @@
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, CallerError, StateError
 
-class HistoryError(Exception):
+
+class HistoryError(AfterwordError):
     """Base of every error raised by ``afterword.history``."""
 
 
-class InvalidMessageError(HistoryError, ValueError):
+class InvalidMessageError(HistoryError, CallerError, ValueError):
     """A message or batch breaks the history's rules."""
 
 
-class MessageTooLargeError(HistoryError):
+class MessageTooLargeError(HistoryError, CallerError):
     """A message or batch does not fit the record store's per-record or per-commit bound."""
 
 
-class HistoryCorruptError(HistoryError):
+class HistoryCorruptError(HistoryError, StateError):
     """Stored history cannot be trusted: undecodable, or a key collision between conversations."""

@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 from hypercorn.config import Config as HypercornConfig
 
+from ..errors import AfterwordError
 from ..service import ContinuationService
 from .app import create_app
 from .listener import AcceptLoop, connection_cap, serve_socket
@@ -24,7 +25,7 @@ log = logging.getLogger("afterword.http")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
-class ServeError(Exception):
+class ServeError(AfterwordError):
     """The HTTP facade could not start (port in use, non-loopback host)."""
 
 

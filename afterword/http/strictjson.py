@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from ..continuations.errors import InvalidRequest
+from ..errors import CallerError
 
 MAX_JSON_DEPTH = 64
 """Arrays and objects may nest at most this deep in a request body (the body itself is 1)."""
@@ -49,7 +50,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-class _DuplicateKey(ValueError):
+class _DuplicateKey(CallerError, ValueError):
     def __init__(self, key: str) -> None:
         self.key = key
 

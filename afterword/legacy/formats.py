@@ -7,6 +7,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..disk import StateRoot, UnsafeStateError, is_temp_name
+from ..errors import StateError
 
 V1_FILE = "continuations.json"
 V2_DIR = "records-v2"
@@ -20,7 +21,7 @@ GUARD_TEXT = (
 )
 
 
-class MigrationError(Exception):
+class MigrationError(StateError):
     """Legacy state is unsafe, oversized or inconsistent; nothing was published."""
 
 

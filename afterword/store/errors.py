@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, CallerError, StateError
 
-class StoreError(Exception):
+
+class StoreError(AfterwordError):
     """Base of every error raised by ``afterword.store``."""
 
 
-class StoreLockedError(StoreError):
+class StoreLockedError(StoreError, StateError):
     """Another owner (process or open store in this process) holds the state directory."""
 
 
-class StoreCorruptError(StoreError):
+class StoreCorruptError(StoreError, StateError):
     """Committed state on disk is damaged or not ours (fail closed; nothing was changed)."""
 
 
-class StoreClosedError(StoreError):
+class StoreClosedError(StoreError, CallerError):
     """The store was closed."""
 
 
-class RecordTooLarge(StoreError):
+class RecordTooLarge(StoreError, CallerError):
     """A record value exceeds the per-record limit (the caller's fault)."""
 
 
-class InvalidKeyError(StoreError):
+class InvalidKeyError(StoreError, CallerError):
     """A record key is empty, too long or uses characters outside the allowed set."""
 
 
-class VersionConflict(StoreError):
+class VersionConflict(StoreError, CallerError):
     """An optimistic expectation failed: the record changed since the caller read it."""
 
     def __init__(self, key: str, expected: int | None, actual: int | None) -> None:

@@ -27,6 +27,7 @@ from typing import Any, TextIO, cast
 import msgspec
 
 from ..disk import DiskError
+from ..errors import StateError
 from ..store import Record, RecordStore, StoreError, StoreView, open_readonly
 from ..wal import WalError
 from . import core
@@ -47,7 +48,7 @@ _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 OUTPUT_PREFIX = "| "
 
 
-class JournalUnavailable(Exception):
+class JournalUnavailable(StateError):
     """The journal's state directory is missing or cannot be read (unsafe or damaged)."""
 
 

@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, CallerError, StateError
 
-class TaskError(Exception):
+
+class TaskError(AfterwordError):
     """Base of every error raised by ``afterword.tasks``."""
 
 
-class InvalidTransition(TaskError):
+class InvalidTransition(TaskError, CallerError):
     def __init__(self, task_id: str, state: str, step: str) -> None:
         self.task_id = task_id
         self.state = state
@@ -22,7 +24,7 @@ class InvalidTransition(TaskError):
         super().__init__(f"task {task_id}: {step!r} is not allowed in state {state!r}")
 
 
-class UnknownTaskError(TaskError, KeyError):
+class UnknownTaskError(TaskError, CallerError, KeyError):
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
         super().__init__(task_id)
@@ -31,9 +33,9 @@ class UnknownTaskError(TaskError, KeyError):
         return f"no task {self.task_id!r}"
 
 
-class TaskJournalCorrupt(TaskError):
+class TaskJournalCorrupt(TaskError, StateError):
     """A stored task or session-control record is unreadable (fail closed)."""
 
 
-class SupervisorError(TaskError):
+class SupervisorError(TaskError, CallerError):
     """The process supervisor is not running (enter it with ``async with``)."""

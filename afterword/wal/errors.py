@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, CallerError, StateError
 
-class WalError(Exception):
+
+class WalError(AfterwordError):
     """Base of every error raised by ``afterword.wal``."""
 
 
-class WalCorruptError(WalError):
+class WalCorruptError(WalError, StateError):
     """The log holds damage that a crash cannot explain (fail closed, never repaired)."""
 
 
-class TransactionTooLarge(WalError):
+class TransactionTooLarge(WalError, CallerError):
     """The caller's transaction exceeds a configured bound (the caller's fault)."""
 
 
-class WalClosedError(WalError):
+class WalClosedError(WalError, CallerError):
     """The log was closed; no further commits are accepted."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from ..errors import AfterwordError, RemoteError
 
-class WorkerError(Exception):
+
+class WorkerError(AfterwordError):
     """Base of worker-layer errors."""
 
 
-class RetryableDeliveryError(WorkerError):
+class RetryableDeliveryError(WorkerError, RemoteError):
     """Nothing was posted and trying again later may succeed (5xx, 429, connection refused)."""
 
     def __init__(self, code: str, message: str, retry_after_s: float | None = None) -> None:
@@ -16,7 +18,7 @@ class RetryableDeliveryError(WorkerError):
         super().__init__(message)
 
 
-class PermanentDeliveryError(WorkerError):
+class PermanentDeliveryError(WorkerError, RemoteError):
     """The channel refused this delivery for good (unknown channel, revoked access)."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -24,7 +26,7 @@ class PermanentDeliveryError(WorkerError):
         super().__init__(message)
 
 
-class UnconfirmedDeliveryError(WorkerError):
+class UnconfirmedDeliveryError(WorkerError, RemoteError):
     """The channel may have posted but did not confirm it: the outcome is unknown, never retried."""
 
     def __init__(self, message: str, code: str = "delivery_error") -> None:
@@ -32,5 +34,5 @@ class UnconfirmedDeliveryError(WorkerError):
         super().__init__(message)
 
 
-class SynthesisError(WorkerError):
+class SynthesisError(WorkerError, RemoteError):
     """The model call failed; its outcome is treated as ambiguous (never repeated)."""

@@ -27,6 +27,7 @@ from ..continuations.model import Continuation, Receipt, canonical_claim
 from ..continuations.rules import is_actionable
 from ..continuations.snapshot import MAX_MESSAGES, SnapshotMessage, decode_snapshot, newest_whole_turns
 from ..disk import DiskError
+from ..errors import StateError
 from ..repository import IndexCorrupt
 from ..service import ContinuationService
 from ..store import RecordTooLarge, VersionConflict
@@ -42,11 +43,11 @@ DRAIN_SECONDS = 10.0
 _json = msgspec.json.Decoder()
 
 
-class BindingInvalid(Exception):
+class BindingInvalid(StateError):
     """Immutable claim metadata failed its HMAC: dead-letter, deliver nothing."""
 
 
-class Fallback(Exception):
+class Fallback(StateError):
     """Origin context cannot be restored; use the fixed zero-model answer."""
 
 
