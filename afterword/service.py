@@ -746,8 +746,13 @@ class ContinuationService:
         )
         dropped_set = set(plan.drop)
         compacted = dropped = 0
-        for i in range(0, len(plan.compact), RETENTION_BATCH):
-            batch = plan.compact[i : i + RETENTION_BATCH]
+        # A tombstone is never larger than its record, so the stored sizes bound each batch.
+        for batch in bounded_batches(
+            [cid for cid in plan.compact if self.store.get(LIVE_PREFIX + cid) is not None],
+            lambda cid: len(self.store.get(LIVE_PREFIX + cid).value) + RECORD_SLACK,  # type: ignore[union-attr]
+            self.tx_budget,
+            RETENTION_BATCH,
+        ):
             async with self._locked(batch):
                 mutations: list[Any] = []
                 expect: dict[str, int | None] = {}
