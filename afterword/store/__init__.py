@@ -21,6 +21,7 @@ from .store import (
     RecordStore,
     StoreOptions,
     StoreStatistics,
+    TransactionInfo,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "StoreOptions",
     "StoreStatistics",
     "StoreView",
+    "TransactionInfo",
     "VersionConflict",
     "open_readonly",
 ]

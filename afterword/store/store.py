@@ -73,11 +73,33 @@ Mutation = Put | Delete
 
 
 @dataclass(frozen=True)
+class TransactionInfo:
+    """What :attr:`StoreOptions.observe_transaction` is told about one transaction."""
+
+    ops: tuple[Op, ...]  # the after-images: key, value (None: a delete), blobs referenced
+    payload_bytes: int  # the encoded transaction: what the WAL frames (``max_payload`` bounds it)
+
+    @property
+    def largest_value(self) -> int:
+        """The largest record value put (``max_record_bytes`` bounds it)."""
+        return max((len(op.value) for op in self.ops if op.value is not None), default=0)
+
+
+@dataclass(frozen=True)
 class StoreOptions:
+    """``observe_transaction`` is a test hook (never set in production): it is called with
+    every transaction the store is asked to commit, before the store checks its limits and
+    before anything is written (after the version checks, so a transaction it sees is one
+    the store would write unless it is too large). An exception it raises refuses the
+    transaction (nothing is written, the caller gets the exception), which lets a test cut a
+    service at any commit point, follow every record it writes, and check that no
+    transaction exceeds the limits."""
+
     wal: WalOptions = field(default_factory=WalOptions)
     max_record_bytes: int = MAX_RECORD_BYTES
     checkpoint_threads: int = 8
     auto_checkpoint: bool = True
+    observe_transaction: Callable[[TransactionInfo], None] | None = None
 
 
 @dataclass
@@ -246,7 +268,8 @@ class RecordStore:
 
     def _prepare(
         self, mutations: Sequence[Mutation], expect: Mapping[str, int | None] | None
-    ) -> tuple[Op, ...]:
+    ) -> tuple[tuple[Op, ...], bytes]:
+        """Validate ``mutations``; return their ops and the encoded transaction."""
         self._check_open()
         self.root.check_writable()
         ops: list[Op] = []
@@ -257,10 +280,6 @@ class RecordStore:
                 raise ValueError(f"key {m.key!r} appears twice in one transaction")
             seen.add(m.key)
             if isinstance(m, Put):
-                if len(m.value) > self.options.max_record_bytes:
-                    raise RecordTooLarge(
-                        f"record {m.key!r}: {len(m.value)} bytes exceeds {self.options.max_record_bytes}"
-                    )
                 ops.append(Op(m.key, m.value, tuple(m.blobs)))
             else:
                 ops.append(Op(m.key, None))
@@ -268,7 +287,17 @@ class RecordStore:
             actual = self.latest_version(key)
             if actual != expected:
                 raise VersionConflict(key, expected, actual)
-        return tuple(ops)
+        frozen = tuple(ops)
+        data = encode_tx(frozen)
+        observe = self.options.observe_transaction
+        if observe is not None:
+            observe(TransactionInfo(frozen, len(data)))
+        for op in ops:
+            if op.value is not None and len(op.value) > self.options.max_record_bytes:
+                raise RecordTooLarge(
+                    f"record {op.key!r}: {len(op.value)} bytes exceeds {self.options.max_record_bytes}"
+                )
+        return frozen, data
 
     def latest_version(self, key: str) -> int | None:
         """The version (lsn) of ``key`` including commits still in flight; None if absent."""
@@ -299,8 +328,8 @@ class RecordStore:
         Lets a caller hold its own lock only while it decides what to write, and wait for the
         fsync outside it, so concurrent writers of one logical sequence share a group commit.
         """
-        ops = self._prepare(mutations, expect)
-        lsn, batch = self._wal.reserve(encode_tx(ops))
+        ops, data = self._prepare(mutations, expect)
+        lsn, batch = self._wal.reserve(data)
         self._unapplied.append((lsn, ops))
         for op in ops:
             self._inflight[op.key] = (lsn, op.value is not None)
@@ -319,8 +348,8 @@ class RecordStore:
         self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
     ) -> int:
         """Synchronous commit for single-threaded callers (tools, migrations, simulators)."""
-        ops = self._prepare(mutations, expect)
-        lsn = self._wal.append_sync(encode_tx(ops))
+        ops, data = self._prepare(mutations, expect)
+        lsn = self._wal.append_sync(data)
         self._durable_lsn = lsn
         self._apply(lsn, ops)
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
