@@ -15,7 +15,7 @@ from .continuations.errors import ServiceDisabled
 from .http.server import HttpServer
 from .legacy import open_state
 from .service import ContinuationService, wall_clock_ms
-from .store import RecordStore
+from .store import RecordStore, StoreOptions
 
 
 @asynccontextmanager
@@ -29,6 +29,7 @@ async def open_service(
     run_worker: bool = True,
     clock_ms: Callable[[], int] = wall_clock_ms,
     environ: Mapping[str, str] | None = None,
+    store_options: StoreOptions | None = None,
 ) -> AsyncIterator[ContinuationService]:
     """Open the state directory, recover, serve HTTP and run the worker until exit.
 
@@ -36,7 +37,8 @@ async def open_service(
     ``continuations.enabled: false``.
 
     On exit the HTTP server stops admitting, in-flight work drains within a bound, and the
-    store is closed (everything acknowledged is already durable).
+    store is closed (everything acknowledged is already durable). ``store_options`` exists for
+    tests (the store's commit observer); production leaves the defaults.
     """
     if not isinstance(config, Config):
         config = load_config(config, environ=environ)
@@ -44,7 +46,7 @@ async def open_service(
         # Disabled means no surface at all: no state opened, no port bound, no worker, so no
         # claim (request-bound or detached) can ever be admitted, exactly like `serve`.
         raise ServiceDisabled()
-    store = RecordStore.open(config.state_dir)
+    store = RecordStore.open(config.state_dir, options=store_options)
     http: HttpServer | None = None
     try:
         open_state(store, config)  # fence and legacy migration come before any v3 work

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import anyio
@@ -117,6 +117,24 @@ class Worker:
             if action is not None:
                 self._busy.add(cid)
                 tg.start_soon(self._run_one, cid, action)
+
+    async def run_due(self, ids: Iterable[str] | None = None) -> list[str]:
+        """Run the due action of each record in ``ids`` (default: every live record), one at a
+        time and in that order, and return the ids acted on. For hosts and tests that drive the
+        worker themselves instead of running :meth:`run` (the order is then reproducible)."""
+        now = self.service.clock_ms()
+        acted: list[str] = []
+        for cid in list(ids) if ids is not None else [r.id for r in self.service.repo.live()]:
+            rec = self.service.repo.get(cid)
+            if rec is None or cid in self._busy:
+                continue
+            action = self._action(rec, now)
+            if action is None:
+                continue
+            self._busy.add(cid)
+            acted.append(cid)
+            await self._run_one(cid, action)
+        return acted
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
