@@ -34,6 +34,7 @@ def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
         names = set(zf.namelist())
         metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     assert "afterword/py.typed" in names
+    assert "afterword/http/openapi.json" in names  # the shipped OpenAPI document
     for example in ("work_control_server.py", "reference_host.py", "embed.py", "walkthrough.sh", "mcp.json"):
         assert f"afterword/examples/{example}" in names
     assert "afterword/__main__.py" in names and "afterword/tasks/cli.py" in names
