@@ -262,13 +262,13 @@ async def test_a_delivery_timeout_is_delivery_unknown_and_not_reposted(tmp_path:
 
 @pytest.mark.anyio
 async def test_shutdown_during_a_hung_post_leaves_delivery_unknown(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(loop, "DRAIN_SECONDS", 0.2)  # the drain bound, shortened for the test
     with FakeWebhook() as fake:
         fake.script(HANG)
         config, env = make_config(tmp_path, hook_block(fake))
         async with running(config, env) as h:
+            h.service.worker.drain_seconds = 0.2  # the drain bound, shortened for the test
             claimed = await reply_run(h.service, h.producer, {"summary": "x"}, reply_to=HOOK)
             await fake.wait_requests(1)
         async with running(config, env) as h2:
@@ -316,12 +316,12 @@ async def test_a_hung_history_append_is_bounded_and_the_post_stays_delivered(tmp
 
 @pytest.mark.anyio
 async def test_shutdown_during_the_history_append_keeps_the_confirmed_post_delivered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(loop, "DRAIN_SECONDS", 0.2)  # the drain bound, shortened for the test
     history = HangingHistory()
     config, env = make_config(tmp_path)
     async with running(config, env, history=history) as h:
+        h.service.worker.drain_seconds = 0.2  # the drain bound, shortened for the test
         claimed = await reply_run(h.service, h.producer, {"summary": "done"})
         with anyio.fail_after(10):
             while history.appends == 0:

@@ -16,7 +16,6 @@ from fakes.producer import ORIGIN_HISTORY, payload_bytes, reply_run, wait_state
 from fakes.synth import RecordingSynth
 
 from afterword.history import Message
-from afterword.worker import loop
 
 BUCKET = "slack:C1:T1#2030-01-01"
 ROUTE = "slack:C1:T1"
@@ -248,12 +247,12 @@ async def test_at_most_max_concurrent_synthesis_turns_run_at_once(tmp_path: Path
 
 @pytest.mark.anyio
 async def test_shutdown_interrupts_a_hung_synthesis_which_is_dead_lettered_not_replayed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(loop, "DRAIN_SECONDS", 0.2)  # the drain bound, shortened for the test
     synth = RecordingSynth(hang=True)
     config, env = make_config(tmp_path)
     async with running(config, env, synthesizer=synth) as h:
+        h.service.worker.drain_seconds = 0.2  # the drain bound, shortened for the test
         claimed = await reply_run(h.service, h.producer, {"summary": "x"})
         await wait_state(h.service, claimed.id, ["synthesizing"])
     async with running(config, env, synthesizer=synth) as h2:
