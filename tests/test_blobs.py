@@ -198,7 +198,15 @@ def test_binding_round_trip(state_dir: str) -> None:
     blobs = blob_store(state_dir)
     digest = blobs.put(b"snapshot")
     mac = blobs.bind(digest, b'{"claim":"c1","tool":"t"}')
-    assert len(mac) == 64 and int(mac, 16) >= 0
+    # A lowercase hex SHA-256 HMAC; the same inputs give the same MAC ...
+    assert len(mac) == 64 and set(mac) <= set("0123456789abcdef")
+    assert blobs.bind(digest, b'{"claim":"c1","tool":"t"}') == mac
+    # ... and every bound input changes it: the digest, any metadata byte, the store's secret.
+    other = blobs.put(b"another snapshot")
+    assert blobs.bind(other, b'{"claim":"c1","tool":"t"}') != mac
+    assert blobs.bind(digest, b'{"claim":"c2","tool":"t"}') != mac
+    assert blobs.bind(digest, b'{"claim":"c1","tool":"t"} ') != mac
+    assert blob_store(state_dir + "-other", secret=b"x" * 32).bind(digest, b'{"claim":"c1","tool":"t"}') != mac
     blobs.verify_binding(digest, b'{"claim":"c1","tool":"t"}', mac)
     # Deterministic under the same secret: a reopened store verifies old bindings.
     blob_store(state_dir).verify_binding(digest, b'{"claim":"c1","tool":"t"}', mac)
