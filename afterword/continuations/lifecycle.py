@@ -28,7 +28,6 @@ from .health import ACKNOWLEDGEABLE, attention
 from .model import (
     FALLBACK_TEXT,
     MAX_DELIVERY_ATTEMPTS,
-    TERMINAL,
     Attempts,
     CompletionKind,
     Continuation,
@@ -54,9 +53,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "delivery_unknown": frozenset({"ready_to_deliver", "delivery_retry"}),
     "dead_letter": frozenset(
         {"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"}
-    ),
-    "settle_origin": frozenset(
-        {"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"} | TERMINAL
     ),
 }
 

@@ -21,6 +21,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..blobs import BlobBindingError, BlobError
 from ..config import ChannelConfig, channel_allows
 from ..continuations import lifecycle
+from ..continuations.actions import next_action
 from ..continuations.capabilities import verify_claim_mac
 from ..continuations.errors import ContinuationError, InvalidTransition, SnapshotError
 from ..continuations.model import Continuation, Receipt, canonical_claim
@@ -87,21 +88,9 @@ class Worker:
             self._candidates.add(new.id)
 
     def _action(self, rec: Continuation, now: int) -> str | None:
-        if rec.state == "claimed" and now > rec.claim.deadline_ms:
-            return "expire"
-        if rec.state == "result_received" and not rec.deferred:
-            return "synthesize"
-        due = (rec.state == "ready_to_deliver" and not rec.delivery_in_flight) or (
-            rec.state == "delivery_retry"
-            and not rec.delivery_in_flight
-            and rec.next_attempt_at_ms is not None
-            and rec.next_attempt_at_ms <= now
-        )
-        if not due:
-            return None
-        # An answer whose earlier post was never proven is posted only after the operator's
-        # explicit opt-in, however the record became due (migration, a scheduler, a bug).
-        return "deliver" if lifecycle.may_post(rec) else "hold"
+        # The decision is the pure core's (continuations.actions); waits are left to the scan.
+        kind = next_action(rec, now).kind
+        return None if kind in ("wait", "none") else kind
 
     def _dispatch(self, tg: TaskGroup, full_scan: bool) -> None:
         now = self.service.clock_ms()
