@@ -1,6 +1,6 @@
 """continuations.actions: the transition table and next_action, against tables written here.
 
-The expected tables below are typed out by hand from docs/continuations.md's lifecycle, not
+The expected tables below are typed out by hand from the lifecycle rules (docs/delivery.md), not
 computed from the module, so a wrong entry in ``TRANSITIONS`` (or in ``next_action``) fails.
 """
 
