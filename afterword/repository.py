@@ -25,7 +25,7 @@ from .continuations.model import (
     decode_tombstone,
     encode,
 )
-from .store import Delete, Mutation, Put, Record, RecordStore, StoreCorruptError
+from .store import Put, Record, RecordStore, StoreCorruptError
 
 LIVE = "c/"
 TOMB = "t/"
@@ -228,22 +228,6 @@ class Repository:
     @staticmethod
     def put(rec: Continuation) -> Put:
         return Put(LIVE + rec.id, encode(rec), referenced_blobs(rec))
-
-    async def save(
-        self, records: Sequence[Continuation], *, extra: Sequence[Mutation] = (), create: bool = False
-    ) -> int:
-        """Commit new versions of ``records`` atomically, checking nobody changed them since
-        this process last read them (or, with ``create``, that they do not exist)."""
-        expect: dict[str, int | None] = {}
-        for rec in records:
-            expect[LIVE + rec.id] = None if create else self.version(rec.id)
-        return await self.store.transact([*(self.put(r) for r in records), *extra], expect=expect)
-
-    async def compact(self, rec: Continuation, tomb: Tombstone) -> int:
-        return await self.store.transact(
-            [Delete(LIVE + rec.id), Put(TOMB + rec.id, encode(tomb))],
-            expect={LIVE + rec.id: self.version(rec.id)},
-        )
 
     @staticmethod
     def activation_put(run_id: str, marker: Activation) -> Put:

@@ -548,7 +548,7 @@ class ContinuationService:
             self._caps[cap_id] = cap
         return RunBinding(self, run_id, conversation_id, reply_to, mode, caps)
 
-    def _forget_capabilities(self, caps: Iterable[ClaimCapability]) -> None:
+    def _forget_capabilities(self) -> None:
         """Closed capabilities stay until they expire, to answer lost-response repeats."""
         now = self.clock_ms()
         for cap_id in [k for k, c in self._caps.items() if c.expires_at_ms < now]:

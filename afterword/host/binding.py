@@ -121,7 +121,7 @@ class RunBinding:
                 cap.drained.set()
         for cap in self._caps.values():
             await cap.drained.wait()
-        self._service._forget_capabilities(self._caps.values())
+        self._service._forget_capabilities()
         return self._service._active_claims_of(self)
 
     async def finalize(self, history: Sequence[Mapping[str, Any]]) -> str | None:

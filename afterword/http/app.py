@@ -250,9 +250,6 @@ def create_app(service: ContinuationService) -> Quart:
     async def openapi() -> Response:
         return Response(document, status=200, content_type="application/json")
 
-    extra_routes: list[Callable[[Quart], None]] = getattr(service, "extra_routes", [])
-    for add in extra_routes:
-        add(app)
     return app
 
 
