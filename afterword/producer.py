@@ -159,7 +159,7 @@ _RETRY_FROM_STATUS = 500
 
 # -- hashing and time -------------------------------------------------------------------------
 def payload_hash(payload: Any) -> str:
-    """Lowercase hex sha256 of ``payload`` as compact JSON with sorted keys (DESIGN contract 2)."""
+    """Lowercase hex sha256 of ``payload`` as compact JSON with sorted keys (docs/design.md, Contracts: HTTP)."""
     return hashlib.sha256(_sorted_json.encode(payload)).hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""Configuration loading and validation (DESIGN.md contract 1; spec "Configure a trusted
+"""Configuration loading and validation (docs/design.md, Contracts: configuration; spec "Configure a trusted
 continuation server"). Invalid documents are table-driven: each row names the exact JSON path
 the error must carry."""
 
@@ -980,7 +980,7 @@ def test_repr_masks_credentials_written_in_mcp_and_webhook_config(cfg_dir: Path)
 
 
 # ---------------------------------------------------------------------------------------------
-# Synthesis and channels (DESIGN.md contracts 4 and 5).
+# Synthesis and channels (docs/design.md, Contracts: channels and synthesis).
 
 
 def test_openai_synthesis_defaults_and_api_key(cfg_dir: Path) -> None:

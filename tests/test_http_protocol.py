@@ -31,7 +31,7 @@ SERVER = "work-control"
 CONV = "slack:C1:T1#2030-01-01"
 REPLY = "slack:C1:T1"
 CLAIM_FIELDS = {"continuationId", "resultUrl", "statusUrl", "resultToken", "expiresAt", "fingerprint"}
-# DESIGN contract 2: the status body carries at least these.
+# docs/design.md, Contracts: HTTP: the status body carries at least these.
 STATUS_FIELDS = {
     "continuationId",
     "state",

@@ -1,4 +1,4 @@
-"""Loading and validating the configuration file (DESIGN.md contract 1).
+"""Loading and validating the configuration file (docs/design.md, Contracts: configuration).
 
 Two phases. First the document's *shape* is checked by converting it into private input
 Structs that forbid unknown keys (msgspec reports the JSON path). Then the *rules* of the spec

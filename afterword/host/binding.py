@@ -67,7 +67,7 @@ class ClaimCapability:
 
 
 class RunBinding:
-    """The host's handle on one agent run's continuation authority (DESIGN contract 6)."""
+    """The host's handle on one agent run's continuation authority (docs/design.md, Contracts: app handle)."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """A fake continuation producer (the selected MCP server's side) and host-side shortcuts.
 
 The producer talks to the service only over real HTTP, following the URLs and tokens the
-claim response hands it, exactly as DESIGN contract 2 describes.
+claim response hands it, exactly as docs/design.md (Contracts: HTTP) describes.
 """
 
 from __future__ import annotations
