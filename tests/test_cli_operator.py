@@ -75,7 +75,7 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
         assert hook.count(":hang") == 1 and server.status(hung)["state"] == "delivery_retry"
         assert server.status(hung)["postUnproven"] is True
         code, out, _ = cli(server, "continuations", "list")
-        assert code == 0 and "delivery_retry (unproven post)" in out
+        assert code == 0 and "delivery_retry (held) (unproven post)" in out
         code, _, err = cli(server, "continuations", "retry", hung["continuationId"])
         assert code == 1 and "--allow-unknown" in err
         code, _, _ = cli(server, "continuations", "retry", hung["continuationId"], "--allow-unknown")
