@@ -194,16 +194,22 @@ class World:
                 self.stats.opens_after_crash_in_recovery += 1
                 continue
             self._service_cm = cm
+            self.switch.countdown = None  # a cut meant for the reopening that did not come
             self.history.inner = DurableHistory(self.service.store)
             return
         raise Violation("I2: the state directory kept failing to open")
 
     def shut(self) -> None:
+        """Stop the service; every host binding dies with the process."""
         cm, self._service_cm = self._service_cm, None
+        for run in self.runs:
+            run.binding = None
+            if run.phase not in ("activated", "abandoned"):
+                run.phase = "dead"
         if cm is not None:
             cm.__exit__(None, None, None)
 
-    def restart(self, *, crash: bool) -> None:
+    def restart(self, *, crash: bool, cut_recovery: int | None = None) -> None:
         """Stop (cleanly, or as a crash: nothing after the cut is durable) and reopen. Every
         host binding dies with the process."""
         if crash:
@@ -211,10 +217,7 @@ class World:
             self.stats.crashes += 1
         self.shut()
         self.switch.revive()
-        for run in self.runs:
-            run.binding = None
-            if run.phase not in ("activated", "abandoned"):
-                run.phase = "dead"
+        self.switch.countdown = cut_recovery
         self.stats.restarts += 1
         self.open()
 
@@ -357,7 +360,11 @@ class World:
                 f"I4: records needing an operator are named by no cause: {sorted(needing - named)}"
             )
 
-    def check_settled(self) -> None:
+    def health_signals(self) -> tuple[str, frozenset[tuple[str, str]]]:
+        body = self.service.continuation_health()
+        return body.status, frozenset((c.code, cid) for c in body.causes for cid in c.ids)
+
+    def check_settled(self, *, count: bool = False) -> None:
         """I3, after quiescence: every accepted result has ended, or waits on a cause an
         operator can see (a live host that has not settled its origin is not stuck)."""
         health = self.service.continuation_health()
@@ -370,8 +377,9 @@ class World:
                     raise Violation(f"I3: {task.cid} was removed in state {task.states[-1:]}")
                 continue
             if rec.state in RESULT_ENDS:
-                why = rec.receipt.kind if rec.receipt else (rec.last_error.code if rec.last_error else "")
-                self.stats.ends[f"{rec.state}:{why}"] += 1
+                if count:
+                    why = rec.receipt.kind if rec.receipt else (rec.last_error.code if rec.last_error else "")
+                    self.stats.ends[f"{rec.state}:{why}"] += 1
                 continue
             waiting = (
                 isinstance(rec, Continuation)
