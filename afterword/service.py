@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from .blobs import BlobCorruptError, BlobStore
-from .config import Config
+from .config import Config, ConfigError
 from .config import detached_token as read_detached_token
 from .continuations import lifecycle
 from .continuations.capabilities import (
@@ -406,7 +406,7 @@ class ContinuationService:
             raise Unauthorized("unknown detached service or wrong token")
         try:
             expected = read_detached_token(self.config, service_name, self._environ)
-        except Exception:
+        except ConfigError:  # its variable is unset or too short: no token can match
             raise Unauthorized("unknown detached service or wrong token") from None
         if not verify_bearer(expected, token):
             raise Unauthorized("unknown detached service or wrong token")
