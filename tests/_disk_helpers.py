@@ -139,4 +139,3 @@ class RecordingDisk(OsDisk):
         if hook is not None:
             hook()
         return super().pread(fd, size, offset)
-

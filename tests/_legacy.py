@@ -36,7 +36,11 @@ def record(rid: str, state: str, **over: Any) -> dict[str, Any]:
     }
     if state not in ("claimed",):
         payload = {"summary": f"result of {rid}"}
-        rec["result"] = {"idempotencyKey": f"key-{rid}", "payloadHash": payload_hash(payload), "payload": payload}
+        rec["result"] = {
+            "idempotencyKey": f"key-{rid}",
+            "payloadHash": payload_hash(payload),
+            "payload": payload,
+        }
     if state == "delivered":
         rec["text"] = f"answer for {rid}"
         rec["receipt"] = {"deliveredAt": T1, "channelId": "C_DAILY", "deliveryIds": ["1700000000.1"]}

@@ -25,6 +25,7 @@ from fakes.scripted import KillSwitch, ScriptedChannel, ScriptedHistory, Scripte
 
 import afterword
 from afterword import ContinuationService
+from afterword.config import channel_allows
 from afterword.continuations.model import Continuation, Tombstone, decode_continuation
 from afterword.history import DurableHistory
 from afterword.host.binding import RunBinding
@@ -133,7 +134,7 @@ class World:
         self.runs: list[Run] = []
         self.by_id: dict[str, Task] = {}
         self.channel = ScriptedChannel(
-            self.switch, lambda cid: self.by_id[cid].epoch if cid in self.by_id else 0
+            self.switch, lambda cid: self.by_id[cid].epoch if cid in self.by_id else 0, self.allowed
         )
         self.synth = ScriptedSynth(self.switch)
         self.history = ScriptedHistory(self.switch)
@@ -159,6 +160,10 @@ class World:
     def write_config(self) -> None:
         block = {"port": self.port, **self.continuations}
         self.config = afterword.load_config(write_config(self.root, continuations=block), environ=ENV)
+
+    def allowed(self, conversation_id: str) -> bool:
+        found = self.config.channel_for(conversation_id)
+        return found is None or channel_allows(found[1], conversation_id)
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T | None:
         """Call into the service; a failure is the process dying (the switch tripped) or a bug."""
@@ -313,6 +318,8 @@ class World:
         dups = self.channel.duplicates()
         if dups:
             raise Violation(f"I1: chunks posted twice without the unsafe opt-in: {dups}")
+        if self.channel.forbidden:
+            raise Violation(f"posted to a destination the allow list revoked: {self.channel.forbidden}")
         if self.switch.oversized:
             raise Violation(f"I5: a transaction over the store's limits: {self.switch.oversized[0]}")
         self.check_index()

@@ -68,15 +68,22 @@ def test_transition_table_row(state: str) -> None:
 
 
 def test_terminal_states_leave_only_through_operator_events() -> None:
-    operator = {"retry_delivery", "retry_synthesis", "resolve_delivered", "resolve_not_delivered",
-                "resolve_dead_lettered"}
+    operator = {
+        "retry_delivery",
+        "retry_synthesis",
+        "resolve_delivered",
+        "resolve_not_delivered",
+        "resolve_dead_lettered",
+    }
     for state in ("delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"):
         assert set(TRANSITIONS[state]) <= operator, state  # type: ignore[index]
 
 
 # lifecycle.ALLOWED event -> the table events it stands for (split by outcome here).
-SPLIT = {"prepare_without_model": ("prepare_fallback", "prepare_silent"),
-         "delivery_failed": ("delivery_failed", "delivery_refused")}
+SPLIT = {
+    "prepare_without_model": ("prepare_fallback", "prepare_silent"),
+    "delivery_failed": ("delivery_failed", "delivery_refused"),
+}
 
 
 def test_lifecycle_guard_agrees_with_the_table() -> None:
@@ -92,8 +99,9 @@ RECEIPT = Receipt(kind="posted", delivered_at_ms=NOW, channel_id="C1", delivery_
 
 def record(state: str, **changes: object) -> Continuation:
     claim = make_claim(created_at_ms=NOW - 1000, deadline_ms=DEADLINE)
-    fields: dict[str, object] = dict(claim=claim, claim_mac="m", state=state, origin_context="pinned",
-                                     updated_at_ms=NOW - 1000)
+    fields: dict[str, object] = dict(
+        claim=claim, claim_mac="m", state=state, origin_context="pinned", updated_at_ms=NOW - 1000
+    )
     if state != "claimed":
         fields["result"] = RESULT
     if state in (R, DR, "delivered", "delivery_unknown"):
@@ -122,8 +130,12 @@ DRIVERS: dict[str, Callable[[Continuation], Continuation | None]] = {
     ),
     "delivery_unknown": lambda r: lc.delivery_unknown(r, "x", "y", NOW),
     "hold_unproven": lambda r: lc.hold_unproven(msgspec.structs.replace(r, post_unproven=True), NOW),
-    "reconcile_found": lambda r: lc.reconcile(msgspec.structs.replace(r, delivery_in_flight=True), ["d1"], "C", NOW),
-    "reconcile_resume": lambda r: lc.reconcile(msgspec.structs.replace(r, delivery_in_flight=True), [None], "C", NOW),
+    "reconcile_found": lambda r: lc.reconcile(
+        msgspec.structs.replace(r, delivery_in_flight=True), ["d1"], "C", NOW
+    ),
+    "reconcile_resume": lambda r: lc.reconcile(
+        msgspec.structs.replace(r, delivery_in_flight=True), [None], "C", NOW
+    ),
     "dead_letter": lambda r: lc.dead_letter(r, "x", "y", NOW),
     "park": lambda r: lc.park(r, "x", "y", NOW),
     "park_unknown": lambda r: lc.park(msgspec.structs.replace(r, delivery_in_flight=True), "x", "y", NOW),
@@ -131,7 +143,9 @@ DRIVERS: dict[str, Callable[[Continuation], Continuation | None]] = {
     "recover_delivery": lambda r: lc.recover(msgspec.structs.replace(r, delivery_in_flight=True), NOW),
     "cancel": lambda r: lc.cancel(r, NOW),
     "retry_delivery": lambda r: lc.retry(
-        msgspec.structs.replace(r, text="answer", completion_kind="synthesized"), allow_unknown=True, now_ms=NOW
+        msgspec.structs.replace(r, text="answer", completion_kind="synthesized"),
+        allow_unknown=True,
+        now_ms=NOW,
     ),
     "retry_synthesis": lambda r: lc.retry(
         msgspec.structs.replace(r, text=None, completion_kind=None), allow_unknown=True, now_ms=NOW

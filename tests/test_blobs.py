@@ -206,7 +206,9 @@ def test_binding_round_trip(state_dir: str) -> None:
     assert blobs.bind(other, b'{"claim":"c1","tool":"t"}') != mac
     assert blobs.bind(digest, b'{"claim":"c2","tool":"t"}') != mac
     assert blobs.bind(digest, b'{"claim":"c1","tool":"t"} ') != mac
-    assert blob_store(state_dir + "-other", secret=b"x" * 32).bind(digest, b'{"claim":"c1","tool":"t"}') != mac
+    assert (
+        blob_store(state_dir + "-other", secret=b"x" * 32).bind(digest, b'{"claim":"c1","tool":"t"}') != mac
+    )
     blobs.verify_binding(digest, b'{"claim":"c1","tool":"t"}', mac)
     # Deterministic under the same secret: a reopened store verifies old bindings.
     blob_store(state_dir).verify_binding(digest, b'{"claim":"c1","tool":"t"}', mac)

@@ -42,6 +42,9 @@ def test_tasks_subcommand_is_wired_into_afterword(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1
     absent = subprocess.run(
-        [*CLI, "tasks", "list", "--state-dir", str(tmp_path / "absent")], capture_output=True, text=True, timeout=60
+        [*CLI, "tasks", "list", "--state-dir", str(tmp_path / "absent")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert absent.returncode == 3 and "does not exist" in absent.stderr

@@ -70,7 +70,9 @@ def test_version_and_python_m() -> None:
 def test_errors_say_what_to_do_next_and_json_errors_are_json(tmp_path: Path) -> None:
     cwd = tmp_path / "empty"
     cwd.mkdir()
-    done = subprocess.run([*CLI, "continuations", "list"], cwd=cwd, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [*CLI, "continuations", "list"], cwd=cwd, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 3
     assert "pass --config" in done.stderr and "`afterword serve` first" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -80,14 +82,19 @@ def test_errors_say_what_to_do_next_and_json_errors_are_json(tmp_path: Path) -> 
     assert done.returncode == 3 and done.stderr == ""
     assert json.loads(done.stdout)["error"]["code"] == "no_state"
     done = subprocess.run(
-        [*CLI, "continuations", "resolve", "c_x", "maybe", "--json"], capture_output=True, text=True, timeout=30
+        [*CLI, "continuations", "resolve", "c_x", "maybe", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 2 and "invalid choice" in json.loads(done.stdout)["error"]["message"]
 
 
 def test_state_labels_tell_held_from_scheduled() -> None:
     assert _state_label("delivery_retry", True, None) == "delivery_retry (held)"
-    assert _state_label("delivery_retry", False, "2030-01-01T00:00:01.000Z").endswith("(next 2030-01-01T00:00:01.000Z)")
+    assert _state_label("delivery_retry", False, "2030-01-01T00:00:01.000Z").endswith(
+        "(next 2030-01-01T00:00:01.000Z)"
+    )
     assert _state_label("delivered", False, None) == "delivered"
 
 
@@ -150,7 +157,11 @@ def test_operator_path_show_list_outcome_metrics_livez(tmp_path: Path, hook: Fak
         assert token not in out
         bearer = {"Authorization": f"Bearer {token}"}
         assert httpx.get(server.base + "/v1/operator/metrics", headers=bearer).status_code == 200
-        for path in ("/v1/operator/health", "/v1/operator/continuations", f"/v1/operator/continuations/{hid}"):
+        for path in (
+            "/v1/operator/health",
+            "/v1/operator/continuations",
+            f"/v1/operator/continuations/{hid}",
+        ):
             assert httpx.get(server.base + path, headers=bearer).status_code == 401
         retry = httpx.post(server.base + f"/v1/operator/continuations/{hid}/retry", headers=bearer, json={})
         assert retry.status_code == 401

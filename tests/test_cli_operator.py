@@ -248,7 +248,6 @@ def test_operator_cli_needs_no_detached_token(tmp_path: Path, hook: FakeWebhook)
         assert done.returncode == 0 and done.stdout.startswith("healthy")
 
 
-
 def test_sigterm_drains_in_flight_delivery(tmp_path: Path) -> None:
     slow = FakeWebhook(hang_s=2.0)
     try:
@@ -281,4 +280,6 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path, hook: FakeWebhook) -> 
         busy.listen(1)
         done = run_cli("serve", config=config)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines() == [f"afterword: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert done.stderr.strip().splitlines() == [
+        f"afterword: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]

@@ -85,5 +85,7 @@ def test_documented_defaults_match_the_loader(section: str, default: str) -> Non
     config = default_config("/tmp")
     name = section.rsplit(".", 1)[1]
     snake = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
-    holder = config.limits if ".limits." in section else config.retention if ".retention." in section else config
+    holder = (
+        config.limits if ".limits." in section else config.retention if ".retention." in section else config
+    )
     assert str(getattr(holder, snake)) == default

@@ -15,7 +15,10 @@ from afterword.continuations.retention import RetentionLimits, plan_retention, t
 NOW = 1_900_000_000_000
 DAY = 24 * 3600 * 1000
 LIMITS = RetentionLimits(
-    terminal_max_records=10, terminal_max_age_ms=DAY, captured_text_max_records=10, captured_text_max_age_ms=DAY
+    terminal_max_records=10,
+    terminal_max_age_ms=DAY,
+    captured_text_max_records=10,
+    captured_text_max_age_ms=DAY,
 )
 
 
@@ -28,14 +31,19 @@ def rec(cid: str, state: str = "claimed", **changes: object) -> Continuation:
     return Continuation(**fields)  # type: ignore[arg-type]
 
 
-UNRECORDED = Receipt(kind="posted", delivered_at_ms=NOW - DAY, history_recorded=False, history_error_code="io")
+UNRECORDED = Receipt(
+    kind="posted", delivered_at_ms=NOW - DAY, history_recorded=False, history_error_code="io"
+)
 
 
 @pytest.mark.parametrize(
     ("records", "expected"),
     [
         ([], "healthy"),
-        ([rec("a", "delivered", receipt=Receipt(kind="posted", delivered_at_ms=1)), rec("b", "cancelled")], "healthy"),
+        (
+            [rec("a", "delivered", receipt=Receipt(kind="posted", delivered_at_ms=1)), rec("b", "cancelled")],
+            "healthy",
+        ),
         ([rec("a", "delivered", receipt=UNRECORDED)], "degraded"),
         ([rec("a", "claimed")], "degraded"),
         ([rec("a", "delivery_retry", next_attempt_at_ms=5)], "degraded"),
@@ -63,7 +71,14 @@ def test_every_cause_names_its_ids_and_the_clearing_command() -> None:
     tombs = [tombstone_of(rec("x", "delivered", receipt=UNRECORDED))]
     report = assess(records, tombs)
     by_code = {c.code: c for c in report.causes}
-    assert set(by_code) == {"dead_lettered", "delivery_unknown", "expired", "history_unrecorded", "held", "pending"}
+    assert set(by_code) == {
+        "dead_lettered",
+        "delivery_unknown",
+        "expired",
+        "history_unrecorded",
+        "held",
+        "pending",
+    }
     assert by_code["dead_lettered"].ids == ("d1", "d2") and by_code["dead_lettered"].status == "unhealthy"
     assert by_code["dead_lettered"].commands == (
         "afterword continuations acknowledge d1",
@@ -76,8 +91,14 @@ def test_every_cause_names_its_ids_and_the_clearing_command() -> None:
     unproven = assess([rec("h", "delivery_retry", next_attempt_at_ms=None, post_unproven=True)], ())
     assert unproven.causes[0].commands == ("afterword continuations retry h --allow-unknown",)
     assert report.history_unrecorded == 1 and report.active == 2
-    assert report.counts == {"dead_lettered": 2, "delivery_unknown": 1, "expired": 1, "delivery_retry": 1,
-                             "result_received": 1, "delivered": 1}
+    assert report.counts == {
+        "dead_lettered": 2,
+        "delivery_unknown": 1,
+        "expired": 1,
+        "delivery_retry": 1,
+        "result_received": 1,
+        "delivered": 1,
+    }
 
 
 def test_ids_are_bounded_but_counts_exact() -> None:
@@ -91,16 +112,27 @@ def test_acknowledge_rules() -> None:
     acked = lc.acknowledge(dead, NOW)
     assert acked is not None and acked.acknowledged_at_ms == NOW and attention(acked) is None
     assert lc.acknowledge(acked, NOW + 1) is None  # idempotent
-    assert lc.acknowledge(rec("b", "delivered", receipt=Receipt(kind="posted", delivered_at_ms=1)), NOW) is None
+    assert (
+        lc.acknowledge(rec("b", "delivered", receipt=Receipt(kind="posted", delivered_at_ms=1)), NOW) is None
+    )
     with pytest.raises(Conflict, match="resolve"):
         lc.acknowledge(rec("c", "delivery_unknown"), NOW)
     with pytest.raises(Conflict, match="active"):
         lc.acknowledge(rec("d", "result_received"), NOW)
     # A retry, and any later terminal outcome, needs a fresh acknowledgement.
-    retried = lc.retry(msgspec.structs.replace(acked, completion_kind="synthesized", text="t"), allow_unknown=False, now_ms=NOW)
+    retried = lc.retry(
+        msgspec.structs.replace(acked, completion_kind="synthesized", text="t"),
+        allow_unknown=False,
+        now_ms=NOW,
+    )
     assert retried.acknowledged_at_ms is None
     again = lc.delivery_failed(
-        lc.begin_delivery(retried, NOW), retryable=False, code="x", message="y", next_attempt_at_ms=None, now_ms=NOW
+        lc.begin_delivery(retried, NOW),
+        retryable=False,
+        code="x",
+        message="y",
+        next_attempt_at_ms=None,
+        now_ms=NOW,
     )
     assert again.state == "dead_lettered" and attention(again) == "dead_lettered"
     # Resolving an unknown delivery as dead-lettered leaves a dead letter to acknowledge.

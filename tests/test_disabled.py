@@ -65,7 +65,9 @@ async def test_a_directly_built_disabled_service_refuses_every_claim(tmp_path: P
     async with direct_service(tmp_path) as service:
         with pytest.raises(afterword.ServiceDisabled):
             service.begin_run("run-1", "slack:C1:T1#2030-01-01", "slack:C1:T1")
-        request = DetachedClaimRequest(route="daily-attention", task_key="t", task_hash="h", deadline=deadline())
+        request = DetachedClaimRequest(
+            route="daily-attention", task_key="t", task_hash="h", deadline=deadline()
+        )
         with pytest.raises(afterword.ServiceDisabled):
             await service.detached_claim("work-control", DETACHED_TOKEN, request)
         assert service.repo.active_total == 0

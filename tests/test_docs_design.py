@@ -30,5 +30,7 @@ def test_section_references_name_real_headings() -> None:
 
 
 def test_no_reference_to_the_design_file_outside_the_repository() -> None:
-    offenders = [p.name for p in _sources() if re.search(r"DESIGN(\.md)? contract", p.read_text(encoding="utf-8"))]
+    offenders = [
+        p.name for p in _sources() if re.search(r"DESIGN(\.md)? contract", p.read_text(encoding="utf-8"))
+    ]
     assert offenders == []

@@ -21,11 +21,7 @@ def _defined_exceptions() -> dict[str, type[BaseException]]:
             continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
-            if (
-                inspect.isclass(obj)
-                and issubclass(obj, BaseException)
-                and obj.__module__ == module.__name__
-            ):
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__:
                 found[f"{module.__name__}.{name}"] = obj
     return found
 

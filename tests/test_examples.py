@@ -30,7 +30,9 @@ TOKEN = "walkthrough-token-0123456789abcdef"
 
 def copy_examples(root: Path) -> tuple[Path, int]:
     target = root / "examples"
-    shutil.copytree(EXAMPLES, target, ignore=shutil.ignore_patterns(".mono-agent", "outbox.jsonl", "__pycache__"))
+    shutil.copytree(
+        EXAMPLES, target, ignore=shutil.ignore_patterns(".mono-agent", "outbox.jsonl", "__pycache__")
+    )
     port = free_port()
     config = target / "afterword.json"
     doc = json.loads(config.read_text())
@@ -77,7 +79,16 @@ def test_walkthrough_script_runs_against_a_real_serve(tmp_path: Path) -> None:
         assert "is delivered" in done.stdout
         cid = done.stdout.rsplit("walkthrough: ", 1)[1].split()[0]
         shown = subprocess.run(
-            [sys.executable, "-m", "afterword", "continuations", "show", cid, "--config", str(folder / "afterword.json")],
+            [
+                sys.executable,
+                "-m",
+                "afterword",
+                "continuations",
+                "show",
+                cid,
+                "--config",
+                str(folder / "afterword.json"),
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -86,7 +97,11 @@ def test_walkthrough_script_runs_against_a_real_serve(tmp_path: Path) -> None:
         assert shown.returncode == 0 and "posted" in shown.stdout
         # Without the token the script stops at once and says what to set.
         missing = subprocess.run(
-            ["bash", str(EXAMPLES / "walkthrough.sh")], capture_output=True, text=True, timeout=30, env=child_env()
+            ["bash", str(EXAMPLES / "walkthrough.sh")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=child_env(),
         )
         assert missing.returncode == 2 and "WORK_CONTROL_CONTINUATION_TOKEN" in missing.stderr
     finally:

@@ -178,9 +178,7 @@ def _name_of(data: bytes) -> str:
 def test_transaction_codec_raises_only_store_corrupt_error() -> None:
     count = Counter("transaction codec")
     ops = st.builds(Op, key=st.just("a/b"), value=st.binary(max_size=16) | st.none())
-    txs = st.lists(ops, max_size=3).map(
-        lambda ops: encode_tx(tuple(ops))
-    )
+    txs = st.lists(ops, max_size=3).map(lambda ops: encode_tx(tuple(ops)))
 
     @fuzz
     @given(mutated(txs))
@@ -246,7 +244,9 @@ def test_config_loader_raises_only_config_error(tmp_path: Path) -> None:
     def run_fields(field: str, value: Any) -> None:
         count.examples += 1
         try:
-            config_from_mapping({**doc, "continuations": {**doc["continuations"], field: value}}, str(tmp_path), environ=ENV)
+            config_from_mapping(
+                {**doc, "continuations": {**doc["continuations"], field: value}}, str(tmp_path), environ=ENV
+            )
             count.accepted += 1
         except ConfigError:
             pass
@@ -264,15 +264,24 @@ def test_legacy_readers_raise_only_migration_error(tmp_path: Path) -> None:
     legacy = Path(root.path("."))
     (legacy / V2_DIR).mkdir(mode=0o700, exist_ok=True)
     record = {
-        "id": "c_1", "state": "claimed", "serverName": "s", "kind": "detached", "mode": "silent",
-        "taskKey": "k", "taskHash": "h", "deadline": "2030-01-01T00:00:00.000Z",
-        "createdAt": "2026-01-01T00:00:00.000Z", "updatedAt": "2026-01-01T00:00:00.000Z",
+        "id": "c_1",
+        "state": "claimed",
+        "serverName": "s",
+        "kind": "detached",
+        "mode": "silent",
+        "taskKey": "k",
+        "taskHash": "h",
+        "deadline": "2030-01-01T00:00:00.000Z",
+        "createdAt": "2026-01-01T00:00:00.000Z",
+        "updatedAt": "2026-01-01T00:00:00.000Z",
     }
     v1 = json.dumps({"format": "monolith-v1", "records": [record]}).encode()
     v2 = json.dumps({**record, "format": "records-v2"}).encode()
 
     @fuzz
-    @given(mutated(st.just(v1)) | st.builds(lambda v: json.dumps(v).encode(), json_values), mutated(st.just(v2)))
+    @given(
+        mutated(st.just(v1)) | st.builds(lambda v: json.dumps(v).encode(), json_values), mutated(st.just(v2))
+    )
     def run(one: bytes, two: bytes) -> None:
         count.examples += 1
         for f in (legacy / V2_DIR).iterdir():
@@ -306,7 +315,9 @@ def service(tmp_path: Path) -> Any:
 def test_cursor_decoding_raises_only_invalid_request(service: ContinuationService) -> None:
     count = Counter("operator cursor")
     real = service._encode_cursor((1_700_000_000_000, "c_abc"))
-    cursors = mutated(st.just(real.encode())).map(lambda b: b.decode("utf-8", "replace")) | st.text(max_size=80)
+    cursors = mutated(st.just(real.encode())).map(lambda b: b.decode("utf-8", "replace")) | st.text(
+        max_size=80
+    )
 
     @fuzz
     @given(cursors)
@@ -377,9 +388,12 @@ def test_request_bodies_raise_only_invalid_request() -> None:
     count = Counter("request bodies")
     nested = st.integers(1, 3000).map(lambda n: b'{"payload":' + b"[" * n + b"]" * n + b"}")
     bodies = st.sampled_from(BODY_TYPES).flatmap(
-        lambda k: st.tuples(st.just(k), mutated(st.just(_valid_body(k))) | nested | st.builds(
-            lambda v: json.dumps(v).encode(), json_values
-        ))
+        lambda k: st.tuples(
+            st.just(k),
+            mutated(st.just(_valid_body(k)))
+            | nested
+            | st.builds(lambda v: json.dumps(v).encode(), json_values),
+        )
     )
 
     @fuzz

@@ -83,7 +83,9 @@ async def test_expired_item_is_cleared_by_acknowledging_it(tmp_path: Path) -> No
         claim = await svc.detached_claim(
             "work-control",
             DETACHED_TOKEN,
-            DetachedClaimRequest(route="daily-attention", task_key="late", task_hash="h", deadline=deadline(0.5)),
+            DetachedClaimRequest(
+                route="daily-attention", task_key="late", task_hash="h", deadline=deadline(0.5)
+            ),
         )
         clock.advance(DAY)
         svc.work_available.set()
@@ -112,7 +114,10 @@ async def test_dead_letters_and_unknown_deliveries_are_bounded_once_handled(tmp_
         block = {
             **RETENTION,
             "limits": {"deliveryTimeoutMs": 1000},
-            "channels": {"hook": {"adapter": "webhook", "url": fake.url + "/deliver"}, "*": {"adapter": "outbox"}},
+            "channels": {
+                "hook": {"adapter": "webhook", "url": fake.url + "/deliver"},
+                "*": {"adapter": "outbox"},
+            },
         }
         config, env = make_config(tmp_path, block)
         async with running(config, env, clock=clock) as h:
@@ -133,14 +138,19 @@ async def test_dead_letters_and_unknown_deliveries_are_bounded_once_handled(tmp_
             pending = await svc.detached_claim(
                 "work-control",
                 DETACHED_TOKEN,
-                DetachedClaimRequest(route="daily-attention", task_key="p", task_hash="h", deadline=deadline(10)),
+                DetachedClaimRequest(
+                    route="daily-attention", task_key="p", task_hash="h", deadline=deadline(10)
+                ),
             )
             with pytest.raises(Conflict, match="active"):
                 await svc.acknowledge_continuation(pending.continuation_id)
             await svc.acknowledge_continuation(dead.id)
             await svc.resolve_continuation_delivery(unknown.id, {"kind": "dead_lettered"})
             health = svc.continuation_health()
-            assert [(c.code, c.ids) for c in health.causes] == [("dead_lettered", [unknown.id]), ("pending", [pending.continuation_id])]
+            assert [(c.code, c.ids) for c in health.causes] == [
+                ("dead_lettered", [unknown.id]),
+                ("pending", [pending.continuation_id]),
+            ]
             assert (await svc.apply_retention())[:2] == (1, 0)  # only the acknowledged one
             await svc.acknowledge_continuation(unknown.id)
             assert [c.code for c in svc.continuation_health().causes] == ["pending"]

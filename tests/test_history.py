@@ -191,7 +191,9 @@ async def test_concurrent_appends_to_one_conversation_share_fsyncs(tmp_path: Pat
         before = store.wal.stats.fsyncs
         async with anyio.create_task_group() as tg:
             for i in range(20):
-                tg.start_soon(history.append, "slack:C1:T1", [Message(id=f"m{i}", role="user", content=str(i))])
+                tg.start_soon(
+                    history.append, "slack:C1:T1", [Message(id=f"m{i}", role="user", content=str(i))]
+                )
         fsyncs = store.wal.stats.fsyncs - before
         assert fsyncs < 20, fsyncs
         kept = await history.latest("slack:C1:T1", 100)

@@ -50,7 +50,9 @@ async def _exchange(port: int, raw: bytes) -> tuple[str, dict[str, Any]]:
         ("not HTTP at all", 400, "invalid_request"),
     ],
 )
-async def test_malformed_requests_get_the_json_envelope(tmp_path: Path, name: str, status: int, code: str) -> None:
+async def test_malformed_requests_get_the_json_envelope(
+    tmp_path: Path, name: str, status: int, code: str
+) -> None:
     async with serving(tmp_path) as h:
         host = f"Host: 127.0.0.1:{h.config.port}\r\n"
         raw = {
@@ -165,7 +167,10 @@ def test_serve_under_a_low_descriptor_limit_refuses_cleanly(tmp_path: Path) -> N
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "afterword.cli", "serve", "--config", str(path)],
-            stdout=log, stderr=log, env=env, preexec_fn=low_limit,
+            stdout=log,
+            stderr=log,
+            env=env,
+            preexec_fn=low_limit,
         )
     try:
         _wait_listening(port, proc)

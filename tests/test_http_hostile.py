@@ -51,7 +51,9 @@ async def test_deeply_nested_bodies_are_refused_with_400(tmp_path: Any) -> None:
             payload = nested(depth)
             body = {"idempotencyKey": "r", "payloadHash": "0" * 64, "payload": payload}
             raw = json.dumps(body).encode() if depth < 1000 else _deep_body(depth)
-            resp = await h.client.put(url, content=raw, headers={**auth(token), "Content-Type": "application/json"})
+            resp = await h.client.put(
+                url, content=raw, headers={**auth(token), "Content-Type": "application/json"}
+            )
             assert "levels" in assert_error(resp, 400, "invalid_request")
         # One level less fits: the body is level 1, so its payload may nest MAX_JSON_DEPTH - 1.
         ok = nested(MAX_JSON_DEPTH - 1)
@@ -64,7 +66,14 @@ async def test_deeply_nested_bodies_are_refused_with_400(tmp_path: Any) -> None:
 
 
 def _deep_body(depth: int) -> bytes:
-    return b'{"idempotencyKey":"r","payloadHash":"' + b"0" * 64 + b'","payload":' + b"[" * depth + b"]" * depth + b"}"
+    return (
+        b'{"idempotencyKey":"r","payloadHash":"'
+        + b"0" * 64
+        + b'","payload":'
+        + b"[" * depth
+        + b"]" * depth
+        + b"}"
+    )
 
 
 def test_nesting_depth_ignores_brackets_inside_strings() -> None:
@@ -119,24 +128,43 @@ async def test_duplicate_keys_are_refused_in_every_body(tmp_path: Any) -> None:
         base = h.service.base_url
         json_type = {"Content-Type": "application/json"}
         detached = (
-            b'{"route":"background-index","taskKey":"k","taskHash":"' + b"a" * 64 + b'","deadline":"'
-            + h.deadline.encode() + b'","route":"daily-attention"}'
+            b'{"route":"background-index","taskKey":"k","taskHash":"'
+            + b"a" * 64
+            + b'","deadline":"'
+            + h.deadline.encode()
+            + b'","route":"daily-attention"}'
         )
         headers = {**auth(DETACHED_TOKEN), "X-Mono-Agent-Service-Name": "work-control", **json_type}
-        resp = await h.client.post(f"{base}/v1/continuations/detached/claim", content=detached, headers=headers)
+        resp = await h.client.post(
+            f"{base}/v1/continuations/detached/claim", content=detached, headers=headers
+        )
         assert '"route"' in assert_error(resp, 400, "invalid_request")
         assert h.active == 0
 
         token = h.bind()[1]
-        claim_body = b'{"taskKey":"a","taskKey":"b","taskHash":"' + b"a" * 64 + b'","deadline":"' + h.deadline.encode() + b'"}'
-        resp = await h.client.post(h.service.claim_url, content=claim_body, headers={**auth(token), **json_type})
+        claim_body = (
+            b'{"taskKey":"a","taskKey":"b","taskHash":"'
+            + b"a" * 64
+            + b'","deadline":"'
+            + h.deadline.encode()
+            + b'"}'
+        )
+        resp = await h.client.post(
+            h.service.claim_url, content=claim_body, headers={**auth(token), **json_type}
+        )
         assert_error(resp, 400, "invalid_request")
         assert h.active == 0
 
         claim = await h.claimed(token)
         payload = {"x": 1}
-        inner = b'{"idempotencyKey":"r","payloadHash":"' + payload_hash(payload).encode() + b'","payload":{"x":1,"x":2}}'
-        resp = await h.client.put(claim["resultUrl"], content=inner, headers={**auth(claim["resultToken"]), **json_type})
+        inner = (
+            b'{"idempotencyKey":"r","payloadHash":"'
+            + payload_hash(payload).encode()
+            + b'","payload":{"x":1,"x":2}}'
+        )
+        resp = await h.client.put(
+            claim["resultUrl"], content=inner, headers={**auth(claim["resultToken"]), **json_type}
+        )
         assert_error(resp, 400, "invalid_request")
 
         op = {**auth(read_operator_token(h.config)), **json_type}
@@ -145,7 +173,9 @@ async def test_duplicate_keys_are_refused_in_every_body(tmp_path: Any) -> None:
             ("retry", b'{"allowUnknown":false,"allowUnknown":true}'),
             ("resolve", b'{"kind":"delivered","kind":"not_delivered"}'),
         ):
-            resp = await h.client.post(f"{base}/v1/operator/continuations/{cid}/{verb}", content=body, headers=op)
+            resp = await h.client.post(
+                f"{base}/v1/operator/continuations/{cid}/{verb}", content=body, headers=op
+            )
             assert_error(resp, 400, "invalid_request")
         assert (await h.status(claim)).json()["state"] == "claimed"
 
@@ -155,11 +185,21 @@ async def test_host_header_must_name_this_loopback_service(tmp_path: Any) -> Non
     async with serving(tmp_path) as h:
         claim = await h.claimed(h.bind()[1])
         port = h.config.port
-        for host in ("evil.example", f"evil.example:{port}", f"127.0.0.2:{port}", "", f"localhost.evil:{port}"):
-            resp = await h.client.get(claim["statusUrl"], headers={**auth(claim["resultToken"]), "Host": host})
+        for host in (
+            "evil.example",
+            f"evil.example:{port}",
+            f"127.0.0.2:{port}",
+            "",
+            f"localhost.evil:{port}",
+        ):
+            resp = await h.client.get(
+                claim["statusUrl"], headers={**auth(claim["resultToken"]), "Host": host}
+            )
             assert "Host" in assert_error(resp, 400, "invalid_request"), host
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.0.0.1", f"LOCALHOST:{port}"):
-            resp = await h.client.get(claim["statusUrl"], headers={**auth(claim["resultToken"]), "Host": host})
+            resp = await h.client.get(
+                claim["statusUrl"], headers={**auth(claim["resultToken"]), "Host": host}
+            )
             assert resp.status_code == 200, (host, resp.text)
 
 

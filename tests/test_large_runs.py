@@ -142,7 +142,10 @@ async def test_records_with_inline_payloads_still_load_and_deliver(tmp_path: Pat
     with RecordStore.open(config.state_dir) as store:
         rec = decode_continuation(store.get("c/" + claimed.id).value)  # type: ignore[union-attr]
         result = ResultRecord(
-            idempotency_key="k", payload_hash=hashlib.sha256(payload).hexdigest(), payload=payload, received_at_ms=1
+            idempotency_key="k",
+            payload_hash=hashlib.sha256(payload).hexdigest(),
+            payload=payload,
+            received_at_ms=1,
         )
         rec = msgspec.structs.replace(rec, state="result_received", result=result)
         store.transact_sync([Put("c/" + rec.id, encode(rec))])

@@ -51,7 +51,9 @@ def test_new_store_has_no_records_v2_until_first_native_record(tmp_path: Path) -
             await service.detached_claim(
                 "work-control",
                 DETACHED_TOKEN,
-                DetachedClaimRequest(route="daily-attention", task_key="t", task_hash="h", deadline=deadline()),
+                DetachedClaimRequest(
+                    route="daily-attention", task_key="t", task_hash="h", deadline=deadline()
+                ),
             )
             assert (state / "records-v2" / "ROLLBACK-GUARD").exists()
             assert service.store.manifest.guard_required
@@ -81,8 +83,13 @@ def test_migrates_each_state(tmp_path: Path, layout: str) -> None:
     }
     assert migrated["r-pending"].state == "claimed"
     assert migrated["r-received"].state == "result_received" and migrated["r-received"].result is not None
-    assert migrated["r-delivered"].state == "delivered" and migrated["r-delivered"].receipt.delivery_ids == ("1700000000.1",)
-    assert migrated["r-dead"].state == "dead_lettered" and migrated["r-dead"].last_error.message == "permanent refusal"
+    assert migrated["r-delivered"].state == "delivered" and migrated["r-delivered"].receipt.delivery_ids == (
+        "1700000000.1",
+    )
+    assert (
+        migrated["r-dead"].state == "dead_lettered"
+        and migrated["r-dead"].last_error.message == "permanent refusal"
+    )
     inter = migrated["r-interactive"]
     assert inter.origin_context == "legacy_missing" and inter.history_boundary == 12
     assert inter.claim.conversation_id == "slack:C1:T1#2026-10-31"
@@ -131,10 +138,19 @@ def test_crash_at_every_step_converges(tmp_path: Path, step: str, monkeypatch: p
     if step == "preflighted":
         assert not (state / "records-v2" / "ROLLBACK-GUARD").exists()
     recovered = migrate(config)
+
     # ids are keyed by each store's own secret; compare by legacy id and content
     def strip(recs: dict[str, Any]) -> dict[str, Any]:
         return {
-            r.legacy_id: (r.state, r.origin_context, r.result, r.text, r.receipt, r.claim.task_key, r.claim.mode)
+            r.legacy_id: (
+                r.state,
+                r.origin_context,
+                r.result,
+                r.text,
+                r.receipt,
+                r.claim.task_key,
+                r.claim.mode,
+            )
             for r in recs.values()
         }
 
@@ -225,7 +241,9 @@ def test_legacy_missing_delivered_with_fallback_and_no_model_call(tmp_path: Path
             return "should not be used"
 
     async def run() -> None:
-        async with afterword.open_service(config, environ=ENV, serve_http=False, synthesizer=Recording()) as service:
+        async with afterword.open_service(
+            config, environ=ENV, serve_http=False, synthesizer=Recording()
+        ) as service:
             with anyio.fail_after(10):
                 while True:
                     recs = list(service.repo.live())
@@ -253,8 +271,16 @@ def test_terminal_legacy_records_answer_repeated_claims_and_results(tmp_path: Pa
         async with afterword.open_service(config, environ=ENV) as service, httpx.AsyncClient() as client:
             r = await client.post(
                 service.base_url + "/v1/continuations/detached/claim",
-                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
-                json={"route": "daily-attention", "taskKey": "task-done", "taskHash": "hash-done", "deadline": "2030-01-02T03:04:05.000Z"},
+                headers={
+                    "Authorization": f"Bearer {DETACHED_TOKEN}",
+                    "X-Mono-Agent-Service-Name": "work-control",
+                },
+                json={
+                    "route": "daily-attention",
+                    "taskKey": "task-done",
+                    "taskHash": "hash-done",
+                    "deadline": "2030-01-02T03:04:05.000Z",
+                },
             )
             assert r.status_code == 200, r.text
             claim = r.json()
@@ -268,8 +294,16 @@ def test_terminal_legacy_records_answer_repeated_claims_and_results(tmp_path: Pa
             assert (await client.put(claim["resultUrl"], headers=auth, json=body2)).status_code == 409
             conflict = await client.post(
                 service.base_url + "/v1/continuations/detached/claim",
-                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
-                json={"route": "daily-attention", "taskKey": "task-done", "taskHash": "other", "deadline": "2030-01-02T03:04:05.000Z"},
+                headers={
+                    "Authorization": f"Bearer {DETACHED_TOKEN}",
+                    "X-Mono-Agent-Service-Name": "work-control",
+                },
+                json={
+                    "route": "daily-attention",
+                    "taskKey": "task-done",
+                    "taskHash": "other",
+                    "deadline": "2030-01-02T03:04:05.000Z",
+                },
             )
             assert conflict.status_code == 409
 
@@ -283,7 +317,9 @@ def test_migration_preflights_retention_tombstones(tmp_path: Path) -> None:
 
     config, state = setup(tmp_path)
     many_ids = [f"1700000000.{i:06d}" for i in range(800)]
-    big = record("big", "delivered", receipt={"deliveredAt": "2026-11-01T10:05:00.000Z", "deliveryIds": many_ids})
+    big = record(
+        "big", "delivered", receipt={"deliveredAt": "2026-11-01T10:05:00.000Z", "deliveryIds": many_ids}
+    )
     write_v1(state, [big, record("small", "dead_lettered")])
     store = RecordStore.open(config.state_dir, options=StoreOptions(max_record_bytes=8 * 1024))
     try:

@@ -53,7 +53,9 @@ class RecordingProxy:
                     data = conn.recv(65536)
                     with self._lock:
                         self.received += data
-                    conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    conn.sendall(
+                        b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
                 except OSError:
                     pass
 
@@ -137,7 +139,9 @@ async def test_producer_ignores_proxy_variables(tmp_path: Path, proxy: Recording
 async def test_host_http_client_ignores_proxy_variables(tmp_path: Path, proxy: RecordingProxy) -> None:
     """The host helper's client carries the run's capability headers to a loopback MCP server;
     pointed at the service itself (any loopback listener will do), it must connect directly."""
-    config = load(write_config(tmp_path, servers={"web": {"url": "http://127.0.0.1:9/mcp"}}, selected=["web"]))
+    config = load(
+        write_config(tmp_path, servers={"web": {"url": "http://127.0.0.1:9/mcp"}}, selected=["web"])
+    )
     async with afterword.open_service(config, environ=ENV, run_worker=False) as service:
         binding = service.begin_run("run-1", "local:chat#1", "local:chat")
         async with http_client(binding, config.mcp_servers["web"]) as client:

@@ -56,7 +56,9 @@ async def test_every_registered_route_is_documented_and_served(tmp_path: Path) -
 def _template(path: str) -> str:
     for op in OPERATIONS:
         parts, want = path.split("/"), op.path.split("/")
-        if len(parts) == len(want) and all(w.startswith("{") or w == p for p, w in zip(parts, want, strict=True)):
+        if len(parts) == len(want) and all(
+            w.startswith("{") or w == p for p, w in zip(parts, want, strict=True)
+        ):
             return op.path
     raise AssertionError(path)
 
@@ -143,7 +145,9 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
         for method in ("put", "post"):
             rp = f"/v1/continuations/{cid}/result"
             await s.send(method, rp, 401, json=result, headers=auth("x"))
-            await s.send(method, "/v1/continuations/c_neverclaimed/result", 404, json=result, headers=auth(unknown))
+            await s.send(
+                method, "/v1/continuations/c_neverclaimed/result", 404, json=result, headers=auth(unknown)
+            )
             await s.send(method, rp, 413, headers={**auth(rtok), **js}, content=big["content"])
             await s.trickle(method.upper(), rp, {**auth(rtok), **js})
             await s.send(method, rp, 200, json=result, headers=auth(rtok))
@@ -167,7 +171,9 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
         await s.send("get", "/v1/operator/continuations/c_none", 404, headers=op)
         await s.send("get", "/v1/operator/continuations?limit=x", 400, headers=op)
 
-        second = (await s.send("post", "/v1/continuations/claim", 200, json=body("t2"), headers=auth(token))).json()
+        second = (
+            await s.send("post", "/v1/continuations/claim", 200, json=body("t2"), headers=auth(token))
+        ).json()
         c2 = second["continuationId"]
         for verb in ("retry", "cancel", "acknowledge", "resolve"):
             vp = f"/v1/operator/continuations/{c2}/{verb}"
@@ -187,17 +193,40 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
             await h.service.commit([(rec, change(rec))])
 
         # cid has its result: as a dead letter it can be acknowledged, then retried.
-        await force(cid, lambda r: msgspec.structs.replace(
-            r, state="dead_lettered", last_error=ErrorInfo.bounded("synthesis_failed", "x"), terminal_at_ms=r.updated_at_ms
-        ))
+        await force(
+            cid,
+            lambda r: msgspec.structs.replace(
+                r,
+                state="dead_lettered",
+                last_error=ErrorInfo.bounded("synthesis_failed", "x"),
+                terminal_at_ms=r.updated_at_ms,
+            ),
+        )
         await s.send("post", f"/v1/operator/continuations/{cid}/cancel", 409, headers=op)
         await s.send("post", f"/v1/operator/continuations/{cid}/acknowledge", 200, headers=op)
-        await s.send("post", f"/v1/operator/continuations/{cid}/retry", 200, headers=op, json={"allowUnknown": False})
-        await force(cid, lambda r: msgspec.structs.replace(r, state="delivery_unknown", terminal_at_ms=r.updated_at_ms))
-        await s.send("post", f"/v1/operator/continuations/{cid}/resolve", 200, headers=op, json={"kind": "not_delivered"})
+        await s.send(
+            "post", f"/v1/operator/continuations/{cid}/retry", 200, headers=op, json={"allowUnknown": False}
+        )
+        await force(
+            cid,
+            lambda r: msgspec.structs.replace(r, state="delivery_unknown", terminal_at_ms=r.updated_at_ms),
+        )
+        await s.send(
+            "post",
+            f"/v1/operator/continuations/{cid}/resolve",
+            200,
+            headers=op,
+            json={"kind": "not_delivered"},
+        )
         await s.send("post", f"/v1/operator/continuations/{c2}/cancel", 200, headers=op)
         for method in ("put", "post"):
-            await s.send(method, f"/v1/continuations/{c2}/result", 410, json=result, headers=auth(second["resultToken"]))
+            await s.send(
+                method,
+                f"/v1/continuations/{c2}/result",
+                410,
+                json=result,
+                headers=auth(second["resultToken"]),
+            )
 
         documented = {(o.method, o.path, status) for o in OPERATIONS for status in (200, *o.errors)}
         assert documented <= s.pairs, sorted(documented - s.pairs)

@@ -138,9 +138,9 @@ async def test_an_interrupted_outbox_delivery_is_finished_from_the_outbox(
     async with running(config, env) as h2:
         with anyio.fail_after(15):
             # Settled during startup, so the startup retention pass may already have compacted it.
-            while (rec := h2.service.repo.get(claimed.id) or h2.service.repo.tombstone(claimed.id)) is None or (
-                rec.state != "delivered"
-            ):
+            while (
+                rec := h2.service.repo.get(claimed.id) or h2.service.repo.tombstone(claimed.id)
+            ) is None or (rec.state != "delivered"):
                 await anyio.sleep(0.01)
     keys = [line["deliveryKey"] for line in outbox_lines(config)]
     expected = [f"{claimed.id}:{i}" for i in range(len(chunks))]

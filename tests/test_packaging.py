@@ -60,7 +60,12 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> N
     # Run from an empty directory with only the venv on PATH: nothing can come from this checkout.
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     demo = subprocess.run(
-        [str(venv / "bin" / "afterword"), "demo"], capture_output=True, text=True, timeout=240, cwd=work, env=env
+        [str(venv / "bin" / "afterword"), "demo"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=work,
+        env=env,
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "Health: healthy" in demo.stdout

@@ -35,7 +35,9 @@ async def test_bad_record_fails_closed_live_and_at_open(tmp_path: Path) -> None:
             await service.detached_claim(
                 "work-control",
                 DETACHED_TOKEN,
-                DetachedClaimRequest(route="daily-attention", task_key="t2", task_hash="h", deadline=deadline()),
+                DetachedClaimRequest(
+                    route="daily-attention", task_key="t2", task_hash="h", deadline=deadline()
+                ),
             )
         async with httpx.AsyncClient(trust_env=False) as client:
             r = await client.get(

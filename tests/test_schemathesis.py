@@ -85,7 +85,9 @@ class Live:
     async def _main(self) -> None:
         async with afterword.open_service(self.config, environ=ENV) as service:
             binding = service.begin_run("fuzz-run", "local:fuzz#1", "local:fuzz")
-            self.tokens["claimCapability"] = binding.stdio_env("work-control")["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"]
+            self.tokens["claimCapability"] = binding.stdio_env("work-control")[
+                "MONO_AGENT_CONTINUATION_CLAIM_TOKEN"
+            ]
             self.tokens["operatorCapability"] = read_operator_token(self.config)
             self.tokens["detachedToken"] = DETACHED_TOKEN
             async with httpx.AsyncClient(trust_env=False) as client:
@@ -111,7 +113,10 @@ class Served:
         self.path = write_config(root)
         self.config = load(self.path)
         self.base = self.config.base_url
-        self.tokens: dict[str, str] = {"claimCapability": "awc1.no-such-run.AAAA", "detachedToken": DETACHED_TOKEN}
+        self.tokens: dict[str, str] = {
+            "claimCapability": "awc1.no-such-run.AAAA",
+            "detachedToken": DETACHED_TOKEN,
+        }
         self.cid = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -119,7 +124,9 @@ class Served:
         env = {**os.environ, **ENV}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "afterword.cli", "serve", "--config", str(self.path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
         )
         with httpx.Client(trust_env=False, timeout=5) as client:
             end = time.monotonic() + 30
@@ -134,8 +141,16 @@ class Served:
             self.tokens["operatorCapability"] = read_operator_token(self.config)
             r = client.post(
                 self.base + "/v1/continuations/detached/claim",
-                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
-                json={"route": "verification", "taskKey": "seed", "taskHash": "a" * 64, "deadline": deadline()},
+                headers={
+                    "Authorization": f"Bearer {DETACHED_TOKEN}",
+                    "X-Mono-Agent-Service-Name": "work-control",
+                },
+                json={
+                    "route": "verification",
+                    "taskKey": "seed",
+                    "taskHash": "a" * 64,
+                    "deadline": deadline(),
+                },
             )
             r.raise_for_status()
         self.cid = r.json()["continuationId"]
@@ -223,18 +238,24 @@ def test_api_conforms_to_its_document(live: Live | Served, capsys: pytest.Captur
         # An operation with no parameter, body or credential (GET /v1/livez) has nothing a
         # negative case could get wrong.
         negatable = bool(raw.get("parameters") or raw.get("requestBody") or security)
-        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if negatable else (GenerationMode.POSITIVE,)
+        modes = (
+            (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if negatable else (GenerationMode.POSITIVE,)
+        )
         for mode in modes:
             label = f"{operation.label} {mode.value}"
             try:
-                counts[label] = _fuzz(operation.as_strategy(mode, **fixed), headers, statuses, session, examples)
+                counts[label] = _fuzz(
+                    operation.as_strategy(mode, **fixed), headers, statuses, session, examples
+                )
             except Unsatisfiable:
                 # Nothing of this operation can be made invalid (no body, parameters fixed).
                 assert mode is GenerationMode.NEGATIVE, label
                 counts[label] = -1
     with capsys.disabled():
-        print(f"\nschemathesis ({type(live).__name__}): {sum(v for v in counts.values() if v > 0)} requests over {len(counts)} operation/mode pairs;"
-              f" statuses {dict(sorted(statuses.items()))}")
+        print(
+            f"\nschemathesis ({type(live).__name__}): {sum(v for v in counts.values() if v > 0)} requests over {len(counts)} operation/mode pairs;"
+            f" statuses {dict(sorted(statuses.items()))}"
+        )
     assert all(counts.values()), counts
     print("unsatisfiable (nothing to negate):", [k for k, v in counts.items() if v < 0])
     assert not [s for s in statuses if s >= 500], statuses

@@ -54,9 +54,13 @@ def test_history_is_bounded_and_keeps_the_first_entry() -> None:
 
 def test_delivery_attempts_accumulate_across_an_operator_retry() -> None:
     stored = rec("dead_lettered", 1000, attempts=Attempts(synthesis=1, delivery=3))
-    retried = record_change(stored, rec("delivery_retry", 1100, attempts=Attempts(synthesis=1, delivery=0)), 1100)
+    retried = record_change(
+        stored, rec("delivery_retry", 1100, attempts=Attempts(synthesis=1, delivery=0)), 1100
+    )
     assert retried.delivery_attempts_before == 3
-    again = record_change(retried, msgspec.structs.replace(retried, attempts=Attempts(synthesis=1, delivery=2)), 1200)
+    again = record_change(
+        retried, msgspec.structs.replace(retried, attempts=Attempts(synthesis=1, delivery=2)), 1200
+    )
     assert status_body(again).attempts.delivery == 5
     assert tombstone_of(again).attempts.delivery == 5
 

@@ -62,11 +62,23 @@ async def opened(state_dir: str, disk: NoSyncDisk) -> AsyncIterator[tuple[TaskJo
 async def ended_and_committed(journal: TaskJournal, session: str, task_id: str, result_id: str) -> None:
     """A task that ended and whose initial tool result is committed: eligible to notify."""
     await journal.create(
-        core.new_task(task_id=task_id, session_id=session, tool_call_id="call-1", command=["true"],
-                      notify="on_exit", cwd=None, output_path=journal.output_path(task_id), now=1.0)
+        core.new_task(
+            task_id=task_id,
+            session_id=session,
+            tool_call_id="call-1",
+            command=["true"],
+            notify="on_exit",
+            cwd=None,
+            output_path=journal.output_path(task_id),
+            now=1.0,
+        )
     )
-    await journal.update(task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
-    await journal.update(task_id, lambda t: core.prepare_commit(t, tool_result_id=result_id, reported_terminal=False))
+    await journal.update(
+        task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+    )
+    await journal.update(
+        task_id, lambda t: core.prepare_commit(t, tool_result_id=result_id, reported_terminal=False)
+    )
     await journal.update(task_id, lambda t: core.commit(t, now=3.0))
 
 
@@ -93,18 +105,27 @@ async def test_notification_never_lands_inside_an_in_flight_tool_call(state_dir:
             rng = random.Random(seed)
             disk.rng.seed(seed)
             session = f"s{seed}"
-            await history.append(session, [
-                Message(id="u1", role="user", content="run it"),
-                Message(id="a1", role="assistant", content="", tool_calls=("call-1",)),
-            ])
+            await history.append(
+                session,
+                [
+                    Message(id="u1", role="user", content="run it"),
+                    Message(id="a1", role="assistant", content="", tool_calls=("call-1",)),
+                ],
+            )
             await ended_and_committed(journal, session, f"task_{seed}", "r1")
-            await history.append(session, [Message(id="r1", role="tool", content="started", tool_call_id="call-1")])
+            await history.append(
+                session, [Message(id="r1", role="tool", content="started", tool_call_id="call-1")]
+            )
 
             async def host(rng: random.Random = rng, session: str = session) -> None:
                 await yields(rng)
-                await history.append(session, [Message(id="a2", role="assistant", content="", tool_calls=("call-2",))])
+                await history.append(
+                    session, [Message(id="a2", role="assistant", content="", tool_calls=("call-2",))]
+                )
                 await yields(rng)
-                await history.append(session, [Message(id="r2", role="tool", content="ok", tool_call_id="call-2")])
+                await history.append(
+                    session, [Message(id="r2", role="tool", content="ok", tool_call_id="call-2")]
+                )
 
             async def notifier(rng: random.Random = rng, session: str = session) -> None:
                 await yields(rng)
@@ -147,7 +168,9 @@ async def test_boundary_counts_a_reserved_but_not_durable_tool_call(state_dir: s
         await history.append("s", [Message(id="r1", role="tool", content="started", tool_call_id="call-1")])
         gate.clear()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(history.append, "s", [Message(id="a2", role="assistant", content="", tool_calls=("call-2",))])
+            tg.start_soon(
+                history.append, "s", [Message(id="a2", role="assistant", content="", tool_calls=("call-2",))]
+            )
             await anyio.sleep(0.05)  # a2 is reserved; its flush is held
             delivered = await notes.deliver("s")
             gate.set()
@@ -168,4 +191,3 @@ async def test_append_at_boundary_refuses_while_open_and_writes_nothing(state_di
         await history.append("c", [Message(id="r", role="tool", content="", tool_call_id="k")])
         assert await history.append_at_boundary("c", [Message(id="n", role="user", content="x")])
         assert history.has_message("c", "n")
-

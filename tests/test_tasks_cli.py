@@ -97,14 +97,22 @@ def test_the_view_works_while_the_host_owns_the_journal(state_dir: str, populate
         with RecordStore.open(state_dir, options=OPTIONS) as store:  # the running host
             journal = TaskJournal(store)
             await journal.update_control("s-a", lambda c: core.interrupted(c, now=c.updated_at + 1))
-            await journal.update_control("s-a", lambda c: core.turn_finished(
-                c, error="RuntimeError: provider \x1b[2Jdown", max_model_failures=1, now=2.0))
+            await journal.update_control(
+                "s-a",
+                lambda c: core.turn_finished(
+                    c, error="RuntimeError: provider \x1b[2Jdown", max_model_failures=1, now=2.0
+                ),
+            )
             listing = await anyio.to_thread.run_sync(lambda: cli("tasks", "list", "--state-dir", state_dir))
             shown = await anyio.to_thread.run_sync(
-                lambda: cli("tasks", "show", populated["ok"], "--state-dir", state_dir, "--json"))
+                lambda: cli("tasks", "show", populated["ok"], "--state-dir", state_dir, "--json")
+            )
         assert listing.returncode == 0, listing.stderr
         assert populated["ok"] in listing.stdout and populated["other"] in listing.stdout
-        assert "session s-a: interrupted,retries-exhausted,model-failures=1 last error: RuntimeError: provider" in listing.stdout
+        assert (
+            "session s-a: interrupted,retries-exhausted,model-failures=1 last error: RuntimeError: provider"
+            in listing.stdout
+        )
         assert "\x1b" not in listing.stdout
         view = json.loads(shown.stdout)
         assert view["session"]["interrupted"] and view["session"]["retriesExhausted"]

@@ -31,7 +31,16 @@ def test_the_example_host_runs_the_whole_story() -> None:
     assert "The tests finished: 3 passed." in out
     assert "state=exited exit_code=0 committed=True delivered=True consumed=True" in out
     kinds = [line.split()[0] for line in out.split("conversation:\n", 1)[1].splitlines()]
-    assert kinds == ["user", "assistant", "tool", "assistant", "task_notification", "assistant", "tool", "assistant"]
+    assert kinds == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "task_notification",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
 
 
 async def model(session_id: str, context: Sequence[Message]) -> list[Message]:
@@ -48,18 +57,38 @@ async def test_open_recovers_in_order_and_the_session_moves_on(state_dir: str) -
     # (the command has ended meanwhile), and a later turn's tool call without a result.
     with RecordStore.open(state_dir, disk=NoSyncDisk(), options=SMALL) as store:
         journal, history = TaskJournal(store), DurableHistory(store)
-        await history.append("s", [
-            Message(id="u", role="user", content="go"),
-            Message(id="a1", role="assistant", content="", tool_calls=(ToolCall(id="c1", name="run"),)),
-        ])
-        await journal.create(core.new_task(task_id="t1", session_id="s", tool_call_id="c1", command=["true"],
-                                           notify="on_exit", cwd=None, output_path=journal.output_path("t1"), now=1.0))
-        await journal.update("t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
-        await journal.update("t1", lambda t: core.prepare_commit(t, tool_result_id="r1", reported_terminal=False))
-        await history.append("s", [
-            Message(id="r1", role="tool", content="started", tool_call_id="c1"),
-            Message(id="a2", role="assistant", content="", tool_calls=(ToolCall(id="c2", name="slow"),)),
-        ])
+        await history.append(
+            "s",
+            [
+                Message(id="u", role="user", content="go"),
+                Message(id="a1", role="assistant", content="", tool_calls=(ToolCall(id="c1", name="run"),)),
+            ],
+        )
+        await journal.create(
+            core.new_task(
+                task_id="t1",
+                session_id="s",
+                tool_call_id="c1",
+                command=["true"],
+                notify="on_exit",
+                cwd=None,
+                output_path=journal.output_path("t1"),
+                now=1.0,
+            )
+        )
+        await journal.update(
+            "t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+        )
+        await journal.update(
+            "t1", lambda t: core.prepare_commit(t, tool_result_id="r1", reported_terminal=False)
+        )
+        await history.append(
+            "s",
+            [
+                Message(id="r1", role="tool", content="started", tool_call_id="c1"),
+                Message(id="a2", role="assistant", content="", tool_calls=(ToolCall(id="c2", name="slow"),)),
+            ],
+        )
         # The turn that opened c2 was running when the host died: its durable marker says so.
         await journal.update_control("s", lambda c: core.turn_began(c, now=4.0))
         # Another writer's conversation with a call in flight: not ours to answer.
@@ -76,5 +105,7 @@ async def test_open_recovers_in_order_and_the_session_moves_on(state_dir: str) -
             assert not rt.journal.control("s").turn_open
     assert not open_tool_calls(messages)  # step 4 answered the call the crash left open
     ids = [m.id for m in messages]
-    assert ids.index("tool-result:c2") < next(i for i, m in enumerate(messages) if m.meta.get("kind") == NOTIFICATION_KIND)
+    assert ids.index("tool-result:c2") < next(
+        i for i, m in enumerate(messages) if m.meta.get("kind") == NOTIFICATION_KIND
+    )
     assert messages[-1].content == "handled"

@@ -66,7 +66,9 @@ async def test_exit_is_recorded_with_event_id_independently_of_the_tool_call(sta
 async def test_nonzero_exit_is_failed_and_a_missing_command_fails_to_start(state_dir: str) -> None:
     async with supervised(state_dir) as (_, sup):
         failed = await sup.wait((await sup.start("s1", "c1", [PY, "-c", "raise SystemExit(7)"])).task_id, 30)
-        missing = await sup.wait((await sup.start("s1", "c2", ["/nonexistent/definitely-not-here"])).task_id, 30)
+        missing = await sup.wait(
+            (await sup.start("s1", "c2", ["/nonexistent/definitely-not-here"])).task_id, 30
+        )
         no_dir = await sup.start("s1", "c3", ["true"], cwd="/nonexistent/dir")
     assert failed.state == "failed" and failed.exit_code == 7
     assert missing.state == "failed" and missing.exit_code is None  # the wrapper reported it
@@ -114,7 +116,9 @@ async def test_a_host_shutdown_is_not_a_cancel_stop_is_notified(state_dir: str) 
     handed = core.commit(core.prepare_commit(ended, tool_result_id="r", reported_terminal=False), now=1.0)
     assert core.eligible(handed) and core.needs_consumption(handed)
     # The notification tells the model why the task ended.
-    note = render_notification(handed, OutputExcerpt(text="", excerpt_bytes=0, total_bytes=0, truncated=False))
+    note = render_notification(
+        handed, OutputExcerpt(text="", excerpt_bytes=0, total_bytes=0, truncated=False)
+    )
     facts = parse_notification(note).task
     assert facts.state == "killed" and facts.error == core.HOST_STOPPED and facts.signal == "SIGTERM"
 

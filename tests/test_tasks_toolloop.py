@@ -97,10 +97,18 @@ class Tools:
         await yields(self.rng)
         if call.name == "start":
             self.task_id = f"task_{session_id}"
-            await self.journal.create(core.new_task(
-                task_id=self.task_id, session_id=session_id, tool_call_id=call.id, command=["make"],
-                notify="on_exit", cwd=None, output_path=self.journal.output_path(self.task_id), now=1.0,
-            ))
+            await self.journal.create(
+                core.new_task(
+                    task_id=self.task_id,
+                    session_id=session_id,
+                    tool_call_id=call.id,
+                    command=["make"],
+                    notify="on_exit",
+                    cwd=None,
+                    output_path=self.journal.output_path(self.task_id),
+                    now=1.0,
+                )
+            )
             self.started.set()
             await yields(self.rng)
             return ToolResult(content="started in the background")
@@ -162,7 +170,9 @@ async def test_every_model_step_is_serialized_under_seeded_schedules(state_dir: 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(process)
                     tg.start_soon(poke)
-                    result = await coord.user_turn(session, Message(id=f"{session}-u", role="user", content="go"))
+                    result = await coord.user_turn(
+                        session, Message(id=f"{session}-u", role="user", content="go")
+                    )
                 assert result.succeeded and result.steps[0].replies[0].calls()[0].name == "start"
                 task_id = f"task_{session}"
                 with anyio.fail_after(10):
@@ -209,7 +219,9 @@ async def test_an_automatic_turn_runs_its_tool_calls_and_returns_what_it_produce
         first = await coord.user_turn("s", Message(id="u", role="user", content="go"))
         assert [len(s.replies) for s in first.steps] == [1, 1] and first.replies[-1].content == "done"
         assert tools.task_id is not None
-        await journal.update(tools.task_id, lambda t: core.terminate(t, core.Outcome(state="failed", exit_code=2), now=2.0))
+        await journal.update(
+            tools.task_id, lambda t: core.terminate(t, core.Outcome(state="failed", exit_code=2), now=2.0)
+        )
         woke = await coord.wake("s")
         assert woke.ran and woke.outcome is not None
         auto = woke.outcome
@@ -274,8 +286,13 @@ def test_tool_calls_carry_name_and_arguments_and_old_records_still_read() -> Non
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(stored), type=StoredMessage)
     assert again.message.calls() == (call,)
     # A record written before tool calls had names: a list of bare ids.
-    old = msgspec.msgpack.encode({"conversation_id": "s", "seq": 0, "message": {
-        "id": "a", "role": "assistant", "content": "", "tool_calls": ["c1", "c2"]}})
+    old = msgspec.msgpack.encode(
+        {
+            "conversation_id": "s",
+            "seq": 0,
+            "message": {"id": "a", "role": "assistant", "content": "", "tool_calls": ["c1", "c2"]},
+        }
+    )
     legacy = msgspec.msgpack.decode(old, type=StoredMessage).message
     assert legacy.call_ids() == ("c1", "c2") and legacy.calls()[0] == ToolCall(id="c1")
     assert open_tool_calls([legacy]) == {"c1", "c2"}

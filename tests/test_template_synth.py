@@ -13,7 +13,10 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 @pytest.mark.parametrize("key", SUMMARY_KEYS)
 def test_each_summary_key_is_answered_on_one_line(key: str) -> None:
-    assert render_template({key: " Indexed 42 files ", "other": 1}) == "Update on your earlier request: Indexed 42 files"
+    assert (
+        render_template({key: " Indexed 42 files ", "other": 1})
+        == "Update on your earlier request: Indexed 42 files"
+    )
 
 
 def test_summary_wins_over_the_other_keys() -> None:
@@ -45,7 +48,12 @@ def test_payload_without_summary_renders_key_value_lines_not_json() -> None:
 def test_other_shapes_stay_readable() -> None:
     assert render_template({"actionable": True}) == "Update on your earlier request: the task finished."
     assert render_template("done") == "Update on your earlier request: done"
-    assert render_template([1, {"a": 2}]).splitlines() == ["Update on your earlier request:", "- 1", "-", "  a: 2"]
+    assert render_template([1, {"a": 2}]).splitlines() == [
+        "Update on your earlier request:",
+        "- 1",
+        "-",
+        "  a: 2",
+    ]
     deep: dict[str, object] = {"v": 1}
     for _ in range(10):
         deep = {"k": deep}

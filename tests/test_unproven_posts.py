@@ -100,7 +100,12 @@ def _run(sequence: tuple[str, ...]) -> None:
                     rec, licensed = lc.delivery_unknown(rec, "delivery_timeout", "x", NOW), False
                 else:
                     rec = lc.delivery_failed(
-                        rec, retryable=True, code="rate_limited", message="x", next_attempt_at_ms=NOW, now_ms=NOW
+                        rec,
+                        retryable=True,
+                        code="rate_limited",
+                        message="x",
+                        next_attempt_at_ms=NOW,
+                        now_ms=NOW,
                     )
         except ContinuationError:
             pass  # a refused verb changes nothing
@@ -193,8 +198,12 @@ async def test_every_operator_sequence_on_the_service_posts_nothing_without_the_
             "resolve-delivered": lambda c: svc.resolve_continuation_delivery(
                 c, {"kind": "delivered", "deliveryId": "EXT-1"}
             ),
-            "resolve-not-delivered": lambda c: svc.resolve_continuation_delivery(c, {"kind": "not_delivered"}),
-            "resolve-dead-lettered": lambda c: svc.resolve_continuation_delivery(c, {"kind": "dead_lettered"}),
+            "resolve-not-delivered": lambda c: svc.resolve_continuation_delivery(
+                c, {"kind": "not_delivered"}
+            ),
+            "resolve-dead-lettered": lambda c: svc.resolve_continuation_delivery(
+                c, {"kind": "dead_lettered"}
+            ),
             "retry": lambda c: svc.retry_continuation(c),
             "cancel": lambda c: svc.cancel_continuation(c),
         }

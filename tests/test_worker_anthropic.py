@@ -119,7 +119,9 @@ async def test_failures_map_exactly_like_the_openai_provider(tmp_path: Path, act
 
 
 def test_anthropic_config_rules(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"continuations.synthesis.model: required for provider 'anthropic'"):
+    with pytest.raises(
+        ConfigError, match=r"continuations.synthesis.model: required for provider 'anthropic'"
+    ):
         make_config(tmp_path, {"synthesis": {"provider": "anthropic"}})
     with pytest.raises(ConfigError, match=r"maxTokens: only valid with provider 'anthropic'"):
         make_config(tmp_path, {"synthesis": {"provider": "openai", "model": "m", "maxTokens": 10}})

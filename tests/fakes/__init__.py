@@ -7,4 +7,14 @@ from .openai import FakeOpenAI
 from .slack import FakeSlack
 from .webhook import FakeWebhook
 
-__all__ = ["HANG", "Clock", "FakeAnthropic", "FakeOpenAI", "FakeServer", "FakeSlack", "FakeWebhook", "Reply", "Request"]
+__all__ = [
+    "HANG",
+    "Clock",
+    "FakeAnthropic",
+    "FakeOpenAI",
+    "FakeServer",
+    "FakeSlack",
+    "FakeWebhook",
+    "Reply",
+    "Request",
+]

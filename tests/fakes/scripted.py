@@ -98,9 +98,13 @@ class ScriptedChannel:
 
     max_chunk_chars = 200
 
-    def __init__(self, switch: KillSwitch, epoch_of: Callable[[str], int]) -> None:
+    def __init__(
+        self, switch: KillSwitch, epoch_of: Callable[[str], int], allowed: Callable[[str], bool]
+    ) -> None:
         self.switch = switch
         self.epoch_of = epoch_of
+        self.allowed = allowed  # the configured allow list in force
+        self.forbidden: list[str] = []  # posts to a destination the configuration revoked
         self.script: deque[str] = deque()
         self.posts: list[Post] = []  # every post that reached the conversation
         self.calls = 0
@@ -113,6 +117,8 @@ class ScriptedChannel:
 
     async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
         self.calls += 1
+        if not self.allowed(delivery.conversation_id):
+            self.forbidden.append(delivery.conversation_id)
         mode = self.script.popleft() if self.script else "accept"
         if mode == "refuse":
             raise PermanentDeliveryError("channel_refused", "the channel refused the post")
