@@ -28,6 +28,7 @@ from .health import ACKNOWLEDGEABLE, attention
 from .model import (
     FALLBACK_TEXT,
     MAX_DELIVERY_ATTEMPTS,
+    STATES,
     Attempts,
     CompletionKind,
     Continuation,
@@ -37,29 +38,41 @@ from .model import (
     State,
     Tombstone,
 )
+from .transitions import TRANSITIONS, Event
 
-# event -> states in which it is allowed (the table; awkward cases live in the functions).
+# The guards: lifecycle event -> the states it is allowed in, read off the transition table.
+# Two lifecycle events stand for several table events, one per outcome.
+_TABLE_EVENTS: dict[str, tuple[Event, ...]] = {
+    "submit_result": ("submit_result",),
+    "expire": ("expire",),
+    "begin_synthesis": ("begin_synthesis",),
+    "finish_synthesis": ("finish_synthesis",),
+    "prepare_without_model": ("prepare_fallback", "prepare_silent"),
+    "fail_synthesis": ("fail_synthesis",),
+    "begin_delivery": ("begin_delivery",),
+    "record_chunk": ("record_chunk",),
+    "delivered": ("delivered",),
+    "delivery_failed": ("delivery_failed", "delivery_refused"),
+    "delivery_unknown": ("delivery_unknown",),
+    "dead_letter": ("dead_letter",),
+}
 ALLOWED: dict[str, frozenset[str]] = {
-    "submit_result": frozenset({"claimed"}),
-    "expire": frozenset({"claimed"}),
-    "begin_synthesis": frozenset({"result_received"}),
-    "finish_synthesis": frozenset({"synthesizing"}),
-    "prepare_without_model": frozenset({"result_received", "synthesizing"}),
-    "fail_synthesis": frozenset({"synthesizing"}),
-    "begin_delivery": frozenset({"ready_to_deliver", "delivery_retry"}),
-    "record_chunk": frozenset({"ready_to_deliver", "delivery_retry"}),
-    "delivered": frozenset({"ready_to_deliver", "delivery_retry"}),
-    "delivery_failed": frozenset({"ready_to_deliver", "delivery_retry"}),
-    "delivery_unknown": frozenset({"ready_to_deliver", "delivery_retry"}),
-    "dead_letter": frozenset(
-        {"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"}
-    ),
+    event: frozenset(s for s in STATES if any(e in TRANSITIONS[s] for e in table))
+    for event, table in _TABLE_EVENTS.items()
 }
 
 
 def _require(rec: Continuation, event: str) -> None:
     if rec.state not in ALLOWED[event]:
         raise InvalidTransition(rec.state, event)
+
+
+def _to(rec: Continuation, event: Event) -> State:
+    """The state ``event`` leads to from ``rec``'s state, per the table."""
+    state = TRANSITIONS[rec.state].get(event)
+    if state is None:
+        raise InvalidTransition(rec.state, event)
+    return state
 
 
 def _terminal(rec: Continuation, state: State, now_ms: int, **changes: object) -> Continuation:
@@ -109,12 +122,16 @@ def submit_result(rec: Continuation, result: ResultRecord, now_ms: int) -> Conti
     _require(rec, "submit_result")
     if now_ms > rec.claim.deadline_ms:
         raise Closed("the continuation's deadline has passed")
-    return msgspec.structs.replace(rec, state="result_received", result=result, updated_at_ms=now_ms)
+    return msgspec.structs.replace(
+        rec, state=_to(rec, "submit_result"), result=result, updated_at_ms=now_ms
+    )
 
 
 def expire(rec: Continuation, now_ms: int) -> Continuation:
     _require(rec, "expire")
-    return _terminal(rec, "expired", now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed"))
+    return _terminal(
+        rec, _to(rec, "expire"), now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed")
+    )
 
 
 # -- origin settlement -----------------------------------------------------------------------
@@ -144,13 +161,19 @@ def begin_synthesis(rec: Continuation, now_ms: int) -> Continuation:
     if rec.deferred:
         raise InvalidTransition("pending origin", "begin_synthesis")
     attempts = Attempts(synthesis=rec.attempts.synthesis + 1, delivery=rec.attempts.delivery)
-    return msgspec.structs.replace(rec, state="synthesizing", attempts=attempts, updated_at_ms=now_ms)
+    return msgspec.structs.replace(
+        rec, state=_to(rec, "begin_synthesis"), attempts=attempts, updated_at_ms=now_ms
+    )
 
 
 def finish_synthesis(rec: Continuation, text: str, now_ms: int) -> Continuation:
     _require(rec, "finish_synthesis")
     return msgspec.structs.replace(
-        rec, state="ready_to_deliver", text=text, completion_kind="synthesized", updated_at_ms=now_ms
+        rec,
+        state=_to(rec, "finish_synthesis"),
+        text=text,
+        completion_kind="synthesized",
+        updated_at_ms=now_ms,
     )
 
 
@@ -159,16 +182,20 @@ def prepare_without_model(rec: Continuation, kind: CompletionKind, now_ms: int) 
     _require(rec, "prepare_without_model")
     if kind == "origin_context_unavailable":
         return msgspec.structs.replace(
-            rec, state="ready_to_deliver", text=FALLBACK_TEXT, completion_kind=kind, updated_at_ms=now_ms
+            rec,
+            state=_to(rec, "prepare_fallback"),
+            text=FALLBACK_TEXT,
+            completion_kind=kind,
+            updated_at_ms=now_ms,
         )
     receipt_kind: Literal["suppressed", "silent"] = "suppressed" if kind == "suppressed" else "silent"
     receipt = Receipt(kind=receipt_kind, delivered_at_ms=now_ms)
-    return _terminal(rec, "delivered", now_ms, completion_kind=kind, receipt=receipt)
+    return _terminal(rec, _to(rec, "prepare_silent"), now_ms, completion_kind=kind, receipt=receipt)
 
 
 def fail_synthesis(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
     _require(rec, "fail_synthesis")
-    return _terminal(rec, "dead_lettered", now_ms, last_error=ErrorInfo.bounded(code, message))
+    return _terminal(rec, _to(rec, "fail_synthesis"), now_ms, last_error=ErrorInfo.bounded(code, message))
 
 
 # -- delivery --------------------------------------------------------------------------------
@@ -194,7 +221,7 @@ def record_chunk(rec: Continuation, delivery_id: str, now_ms: int) -> Continuati
 
 def delivered(rec: Continuation, receipt: Receipt, now_ms: int) -> Continuation:
     _require(rec, "delivered")
-    return _terminal(rec, "delivered", now_ms, receipt=receipt, last_error=None)
+    return _terminal(rec, _to(rec, "delivered"), now_ms, receipt=receipt, last_error=None)
 
 
 def with_history(rec: Continuation, recorded: bool, error_code: str | None, now_ms: int) -> Continuation:
@@ -220,17 +247,17 @@ def delivery_failed(
     _require(rec, "delivery_failed")
     error = ErrorInfo.bounded(code, message)
     if not retryable:
-        return _terminal(rec, "dead_lettered", now_ms, last_error=error)
+        return _terminal(rec, _to(rec, "delivery_refused"), now_ms, last_error=error)
     if rec.attempts.delivery >= MAX_DELIVERY_ATTEMPTS:
         return _terminal(
             rec,
-            "dead_lettered",
+            _to(rec, "delivery_refused"),
             now_ms,
             last_error=ErrorInfo.bounded("retries_exhausted", f"{code}: {message}"),
         )
     return msgspec.structs.replace(
         rec,
-        state="delivery_retry",
+        state=_to(rec, "delivery_failed"),
         delivery_in_flight=False,
         next_attempt_at_ms=next_attempt_at_ms,
         last_error=error,
@@ -241,7 +268,7 @@ def delivery_failed(
 def delivery_unknown(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
     _require(rec, "delivery_unknown")
     return _terminal(
-        rec, "delivery_unknown", now_ms, last_error=ErrorInfo.bounded(code, message), post_unproven=True
+        rec, _to(rec, "delivery_unknown"), now_ms, last_error=ErrorInfo.bounded(code, message), post_unproven=True
     )
 
 
@@ -253,7 +280,7 @@ def hold_unproven(rec: Continuation, now_ms: int) -> Continuation:
         raise InvalidTransition("repost allowed", "hold_unproven")
     return msgspec.structs.replace(
         rec,
-        state="delivery_retry",
+        state=_to(rec, "hold_unproven"),
         delivery_in_flight=False,
         next_attempt_at_ms=None,
         last_error=ErrorInfo.bounded("repost_needs_opt_in", UNPROVEN_REFUSAL),
@@ -282,11 +309,13 @@ def reconcile(
             channel_id=channel_id,
             delivery_ids=tuple(d for d in found if d is not None),
         )
-        return _terminal(rec, "delivered", now_ms, receipt=receipt, last_error=None, chunk_receipts=())
+        return _terminal(
+            rec, _to(rec, "reconcile_found"), now_ms, receipt=receipt, last_error=None, chunk_receipts=()
+        )
     held = sum(1 for d in found if d is not None)
     return msgspec.structs.replace(
         rec,
-        state="delivery_retry",
+        state=_to(rec, "reconcile_resume"),
         delivery_in_flight=False,
         chunk_receipts=(),
         next_attempt_at_ms=now_ms,
@@ -300,23 +329,23 @@ def reconcile(
 
 def dead_letter(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
     _require(rec, "dead_letter")
-    return _terminal(rec, "dead_lettered", now_ms, last_error=ErrorInfo.bounded(code, message))
+    return _terminal(rec, _to(rec, "dead_letter"), now_ms, last_error=ErrorInfo.bounded(code, message))
 
 
 # -- recovery --------------------------------------------------------------------------------
 def recover(rec: Continuation, now_ms: int) -> Continuation | None:
     """After a restart: what an interrupted record becomes (None: unchanged)."""
-    if rec.state == "synthesizing":
+    if "recover_synthesis" in TRANSITIONS[rec.state]:
         return _terminal(
             rec,
-            "dead_lettered",
+            _to(rec, "recover_synthesis"),
             now_ms,
             last_error=ErrorInfo.bounded("synthesis_interrupted", "the process stopped during synthesis"),
         )
-    if rec.state in ("ready_to_deliver", "delivery_retry") and (rec.delivery_in_flight or rec.chunk_receipts):
+    if "recover_delivery" in TRANSITIONS[rec.state] and (rec.delivery_in_flight or rec.chunk_receipts):
         return _terminal(
             rec,
-            "delivery_unknown",
+            _to(rec, "recover_delivery"),
             now_ms,
             last_error=ErrorInfo.bounded(
                 "delivery_interrupted", "the process stopped after posting began; outcome unknown"
@@ -335,8 +364,8 @@ def park(rec: Continuation, code: str, message: str, now_ms: int) -> Continuatio
     if rec.terminal:
         return msgspec.structs.replace(slim, last_error=error, updated_at_ms=now_ms)
     if rec.delivery_in_flight or rec.chunk_receipts:
-        return _terminal(slim, "delivery_unknown", now_ms, last_error=error)
-    return _terminal(slim, "dead_lettered", now_ms, last_error=error)
+        return _terminal(slim, _to(rec, "park_unknown"), now_ms, last_error=error)
+    return _terminal(slim, _to(rec, "park"), now_ms, last_error=error)
 
 
 # -- operator actions ------------------------------------------------------------------------
@@ -347,7 +376,7 @@ def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
     if rec.terminal:
         raise InvalidTransition(rec.state, "cancel")
     return _terminal(
-        rec, "cancelled", now_ms, last_error=ErrorInfo.bounded("cancelled", "cancelled by operator")
+        rec, _to(rec, "cancel"), now_ms, last_error=ErrorInfo.bounded("cancelled", "cancelled by operator")
     )
 
 
@@ -357,7 +386,7 @@ def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuatio
     A record whose post was ever unproven is refused unless ``allow_unknown`` (the unsafe
     opt-in after external verification), whichever verdict or state it reached since.
     """
-    if rec.state not in ("dead_lettered", "delivery_retry", "delivery_unknown"):
+    if "retry_delivery" not in TRANSITIONS[rec.state]:
         raise InvalidTransition(rec.state, "retry")
     if unproven(rec) and not allow_unknown:
         raise Conflict(UNPROVEN_REFUSAL)
@@ -371,9 +400,9 @@ def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuatio
     if rec.text is None and rec.completion_kind is None:
         if rec.result is None:
             raise InvalidTransition(rec.state, "retry")
-        state: State = "result_received"
+        state = _to(rec, "retry_synthesis")
     else:
-        state = "delivery_retry"
+        state = _to(rec, "retry_delivery")
     return msgspec.structs.replace(
         rec,
         state=state,
@@ -390,6 +419,13 @@ def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuatio
     )
 
 
+_RESOLVE: dict[str, Event] = {
+    "delivered": "resolve_delivered",
+    "not_delivered": "resolve_not_delivered",
+    "dead_lettered": "resolve_dead_lettered",
+}
+
+
 def resolve(
     rec: Continuation,
     kind: Literal["delivered", "not_delivered", "dead_lettered"],
@@ -397,7 +433,8 @@ def resolve(
     now_ms: int,
 ) -> Continuation:
     """Operator verdict on an unknown delivery outcome."""
-    if rec.state != "delivery_unknown":
+    event = _RESOLVE[kind]
+    if event not in TRANSITIONS[rec.state]:
         raise InvalidTransition(rec.state, f"resolve {kind}")
     rec = msgspec.structs.replace(rec, post_unproven=True)  # a verdict never erases the doubt
     if kind == "delivered":
@@ -412,7 +449,7 @@ def resolve(
         )
         return msgspec.structs.replace(
             rec,
-            state="delivered",
+            state=_to(rec, event),
             receipt=receipt,
             last_error=None,
             terminal_at_ms=now_ms,
@@ -423,7 +460,7 @@ def resolve(
         # retry still needs allow_unknown (the verdict is the operator's word, not a proof).
         return msgspec.structs.replace(
             rec,
-            state="delivery_retry",
+            state=_to(rec, event),
             delivery_in_flight=False,
             chunk_receipts=(),
             next_attempt_at_ms=None,
@@ -437,7 +474,7 @@ def resolve(
         )
     # Still a dead letter that health reports until acknowledged: the verdict alone does not
     # make it eligible for compaction (it can still be retried with the unsafe opt-in).
-    return msgspec.structs.replace(rec, state="dead_lettered", terminal_at_ms=now_ms, updated_at_ms=now_ms)
+    return msgspec.structs.replace(rec, state=_to(rec, event), terminal_at_ms=now_ms, updated_at_ms=now_ms)
 
 
 def acknowledge(rec: Continuation, now_ms: int) -> Continuation | None:
