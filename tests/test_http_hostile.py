@@ -106,6 +106,7 @@ def test_log_records_are_one_json_line_each() -> None:
     logger = logging.getLogger("afterword.test.jsonlines")
     logger.addHandler(handler)
     logger.propagate = False
+    logger.setLevel(logging.DEBUG)  # independent of the "afterword" level another test module may raise
     try:
         evil = '/v1/x\n{"event":"continuation","id":"c_forged"}\r\n'
         logger.error("unexpected error handling PUT %s", evil)
