@@ -19,10 +19,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _disk_helpers import abandon
 
 from afterword.disk import NoSyncDisk
 from afterword.store import Delete, Mutation, Put, RecordStore, StoreOptions
-from afterword.wal import WalOptions
+from afterword.store.evidence import EvidenceError
+from afterword.wal import WalEvidenceError, WalOptions
 from afterword.wal.frame import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 WAL = WalOptions(segment_size=2048, max_payload=1024, max_log_bytes=1 << 20)
@@ -60,6 +62,8 @@ class Workload:
     frames: list[ChainFrame]
     states: list[State]  # states[i]: after the first i transactions of the log
     checkpoint_lsn: int
+    manifest: bytes  # MANIFEST as the killed writer left it
+    acked_prefix: int  # transactions its acked_lsn vouches for (damage below that is refused)
 
 
 def _phase_two() -> list[list[Mutation]]:
@@ -130,7 +134,9 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Workload:
         log.append((store.transact_sync(mutations), mutations))
     final_state = snapshot(store)
     start_seq = store.manifest.wal_start_seq
-    store.close()
+    acked_prefix = store.manifest.acked_lsn - checkpoint_lsn
+    abandon(store)  # killed: a clean close would vouch for every frame
+    manifest = (state_dir / "MANIFEST").read_bytes()
 
     log.sort(key=lambda item: item[0])
     assert [lsn for lsn, _ in log] == list(range(checkpoint_lsn + 1, checkpoint_lsn + 1 + len(log)))
@@ -167,7 +173,10 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Workload:
     assert [f.lsn for f in frames] == [lsn for lsn, _ in log]
     assert len(chain) >= 4, "the workload must cross several segment boundaries"
     assert any(name in base_images for name, _, _ in chain), "a recycled slot must be in the chain"
-    return Workload(state_dir, base_images, final_images, chain, frames, states, checkpoint_lsn)
+    assert 0 < acked_prefix < len(frames)
+    return Workload(
+        state_dir, base_images, final_images, chain, frames, states, checkpoint_lsn, manifest, acked_prefix
+    )
 
 
 def cut_points(w: Workload) -> list[int]:
@@ -202,8 +211,14 @@ def cut_images(w: Workload, cut: int, filler: str) -> dict[str, bytes]:
     return images
 
 
-def install(work: Path, images: dict[str, bytes]) -> None:
-    """Put the WAL files back to ``images`` in place (same inodes, modes untouched)."""
+def install(work: Path, images: dict[str, bytes], manifest: bytes) -> None:
+    """Put the WAL files back to ``images`` in place (same inodes, modes untouched), and the
+    MANIFEST the killed writer left (recovery and the probe commits rewrite it)."""
+    fd = os.open(work / "MANIFEST", os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, manifest)
+    finally:
+        os.close(fd)
     wal_dir = work / "wal"
     for path in wal_dir.iterdir():
         if path.name not in images:
@@ -227,12 +242,25 @@ def test_every_cut_recovers_a_prefix_that_keeps_all_acknowledged(
     points = cut_points(w)
     assert len(points) > 300
     failures: list[str] = []
-    repairs = 0
+    repairs = refusals = 0
     for cut in points:
-        install(work, cut_images(w, cut, filler))
+        install(work, cut_images(w, cut, filler), w.manifest)
         whole = sum(1 for f in w.frames if f.end <= cut)  # acknowledged before the cut
         intact = sum(1 for f in w.frames if f.payload_end <= cut)  # padding is not checksummed
-        store = RecordStore.open(str(work), disk=DISK, options=OPTIONS)
+        # The MANIFEST names every chain segment and vouches for acked_prefix transactions:
+        # a cut through a named header or a vouched-for frame is damage, never a crash.
+        vouched = intact < w.acked_prefix or any(cut < start + SEGMENT_HEADER_SIZE for _, start, _ in w.chain)
+        try:
+            store = RecordStore.open(str(work), disk=DISK, options=OPTIONS)
+        except (EvidenceError, WalEvidenceError) as exc:
+            refusals += 1
+            if not vouched:
+                failures.append(f"cut {cut}: refused ({exc}) though nothing vouched for was lost")
+            continue
+        if vouched:
+            store.close()
+            failures.append(f"cut {cut}: opened though vouched-for data was destroyed")
+            continue
         try:
             got = snapshot(store)
             prefix = store.wal.next_lsn - 1 - w.checkpoint_lsn
@@ -253,3 +281,4 @@ def test_every_cut_recovers_a_prefix_that_keeps_all_acknowledged(
                 failures.append(f"cut {cut}: a commit after recovery did not survive reopen")
     assert not failures, "\n".join(failures[:20])
     assert repairs > 10  # torn frames were cut (and saved aside), not only clean ends
+    assert refusals > 10  # and damage to what the MANIFEST vouches for was refused

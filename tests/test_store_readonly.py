@@ -10,19 +10,23 @@ import os
 import threading
 
 import pytest
-from _disk_helpers import SMALL, snapshot
+from _disk_helpers import SMALL, abandon, snapshot
 
 from afterword.disk import UnsafeStateError
 from afterword.store import Put, RecordStore, StoreCorruptError, open_readonly
 from afterword.wal.frame import SEGMENT_HEADER_SIZE
 
 
-def _fill(path: str, n: int, *, checkpoint_after: int | None = None) -> None:
-    with RecordStore.open(path, options=SMALL) as store:
-        for i in range(n):
-            store.transact_sync([Put(f"k:{i}", f"v{i}".encode())])
-            if checkpoint_after is not None and i + 1 == checkpoint_after:
-                store.checkpoint_sync()
+def _fill(path: str, n: int, *, checkpoint_after: int | None = None, killed: bool = False) -> None:
+    store = RecordStore.open(path, options=SMALL)
+    for i in range(n):
+        store.transact_sync([Put(f"k:{i}", f"v{i}".encode())])
+        if checkpoint_after is not None and i + 1 == checkpoint_after:
+            store.checkpoint_sync()
+    if killed:
+        abandon(store)
+    else:
+        store.close()
 
 
 def test_missing_directory_is_refused_and_not_created(tmp_path: object) -> None:
@@ -57,7 +61,7 @@ def test_reads_beside_an_owner_holding_the_lock(tmp_path: object) -> None:
 
 def test_torn_tail_is_left_out_not_cut(tmp_path: object) -> None:
     path = str(tmp_path)
-    _fill(path, 3)
+    _fill(path, 3, killed=True)  # no clean close: nothing records lsn 3 as acknowledged
     seg = os.path.join(path, "wal", "00000000.seg")
     with open(seg, "r+b") as fh:
         data = fh.read()

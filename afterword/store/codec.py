@@ -14,7 +14,8 @@ import xxhash
 
 from .errors import InvalidKeyError, StoreCorruptError
 
-FORMAT = "per-record-v3"
+FORMAT = "per-record-v4"
+FORMAT_V3 = "per-record-v3"  # read for the upgrade only: the first open rewrites it as v4
 RECORD_MAGIC = b"AWREC3\x00\x00"
 MAX_KEY_BYTES = 120
 MAX_GENERATION_BYTES = 256
@@ -24,11 +25,17 @@ _U64 = struct.Struct("<Q")
 
 
 class Op(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
-    """A whole-record after-image: ``value is None`` deletes the key."""
+    """A whole-record after-image: ``value is None`` deletes the key.
+
+    ``prior`` is the version (lsn) the key had just before this operation, 0 when absent
+    (v3 frames lack it and decode as 0). Replay uses it to carry the MANIFEST's record digest
+    forward, which is how a record file lost since the checkpoint is detected.
+    """
 
     key: str
     value: bytes | None
     blobs: tuple[str, ...] = ()
+    prior: int = 0
 
 
 class TxBody(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
@@ -42,8 +49,23 @@ class RecordImage(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_f
     blobs: tuple[str, ...] = ()
 
 
+class SegmentRef(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """A live WAL segment life as the MANIFEST knows it: where it is and who it is."""
+
+    slot: int
+    seq: int
+    salt: str  # 16 hex digits (fixed width keeps MANIFEST sizes independent of the salt)
+    first_lsn: int
+
+
 class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The checkpoint manifest: everything up to ``checkpoint_lsn`` is in record files."""
+    """The checkpoint manifest: everything up to ``checkpoint_lsn`` is in record files.
+
+    The v4 evidence fields let an open tell damage from a crash: ``acked_lsn`` (every lsn up
+    to it was durable when this MANIFEST was written), ``segments`` (the live chain then),
+    ``record_digest`` (sum of a hash of every (key, version) at ``checkpoint_lsn``) and
+    ``secret_check`` (a MAC of a constant under the secret). v3 files lack them.
+    """
 
     format: str = FORMAT
     generation: str
@@ -52,6 +74,10 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     record_count: int
     guard_required: bool = False
     meta: dict[str, str] = {}
+    acked_lsn: int = 0
+    segments: tuple[SegmentRef, ...] = ()
+    record_digest: str = ""
+    secret_check: str = ""
 
 
 _tx_encoder = msgspec.msgpack.Encoder()
@@ -123,8 +149,10 @@ def decode_manifest(data: bytes) -> Manifest:
         manifest = _manifest_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"MANIFEST: {exc}") from None
-    if manifest.format != FORMAT:
+    if manifest.format not in (FORMAT, FORMAT_V3):
         raise StoreCorruptError(f"MANIFEST: format {manifest.format!r}, expected {FORMAT!r}")
+    if manifest.format == FORMAT and (not manifest.record_digest or not manifest.secret_check):
+        raise StoreCorruptError("MANIFEST: a v4 manifest must carry record_digest and secret_check")
     if len(manifest.generation.encode()) > MAX_GENERATION_BYTES:
         raise StoreCorruptError("MANIFEST: generation id exceeds 256 bytes")
     if manifest.checkpoint_lsn < 0 or manifest.wal_start_seq < 1:

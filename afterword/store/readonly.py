@@ -20,11 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..disk import Disk, DiskError, StateRoot, UnsafeStateError
-from ..wal import WalError
+from ..wal import NamedSegment, WalError
 from ..wal.reader import read_chain
 from .codec import Manifest, Op, RecordImage, decode_tx
 from .errors import StoreCorruptError, StoreError
-from .loading import MANIFEST, RECORDS, WAL_DIR, load_record_files, read_manifest, read_secret
+from .evidence import Digest, ReplayCheck, check_secret
+from .loading import MANIFEST, RECORDS, SECRET, WAL_DIR, load_record_files, read_manifest, read_secret
 from .store import StoreOptions
 
 Record = RecordImage
@@ -118,6 +119,8 @@ def _manifest_bytes(root: StateRoot) -> bytes | None:
 def _read(root: StateRoot, options: StoreOptions) -> StoreView:
     secret = read_secret(root)
     manifest = read_manifest(root)
+    if manifest is not None:
+        check_secret(root.path(SECRET), secret, manifest.secret_check)
     if manifest is None:
         if root.exists(RECORDS) and any(not n.startswith(".") for n in root.listdir(RECORDS)):
             raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
@@ -133,11 +136,25 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         start_seq=manifest.wal_start_seq,
         checkpoint_lsn=manifest.checkpoint_lsn,
         max_payload=options.wal.max_payload,
+        segment_size=options.wal.segment_size,
+        named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn) for r in manifest.segments],
+        acked_lsn=manifest.acked_lsn,
+    )
+    check = ReplayCheck(
+        records_path=root.path(RECORDS),
+        checkpoint_lsn=manifest.checkpoint_lsn,
+        digest=manifest.record_digest,
+        count=manifest.record_count,
+        loaded={key: rec.lsn for key, rec in records.items()},
     )
     lsn = manifest.checkpoint_lsn
     for frame in frames:
-        _apply(records, frame.lsn, decode_tx(frame.payload).ops)
+        ops = decode_tx(frame.payload).ops
+        for op in ops:
+            check.op(frame.lsn, op.key, op.value is not None, op.prior)
+        _apply(records, frame.lsn, ops)
         lsn = frame.lsn
+    check.finish(Digest.of((key, rec.lsn) for key, rec in records.items()))
     return StoreView(root=root, manifest=manifest, secret=secret, lsn=lsn, records=records)
 
 

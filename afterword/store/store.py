@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets as _secrets
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,17 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 
-from ..disk import Disk, StateRoot
-from ..wal import WalOptions, WriteAheadLog
+from ..disk import Disk, StateRoot, UnsafeStateError
+from ..wal import NamedSegment, WalOptions, WriteAheadLog
+from ..wal.frame import SEGMENT_MAGIC
+from ..wal.reader import read_segment_images
 from .codec import (
     FORMAT,
-    MAX_MANIFEST_BYTES,
     Manifest,
     Op,
     RecordImage,
+    SegmentRef,
     check_key,
-    decode_manifest,
     decode_tx,
     encode_manifest,
     encode_record,
@@ -45,7 +48,18 @@ from .codec import (
     record_file_name,
 )
 from .errors import RecordTooLarge, StoreClosedError, StoreCorruptError, VersionConflict
-from .loading import MANIFEST, RECORDS, SECRET, SECRET_BYTES, WAL_DIR, load_record_files, record_names
+from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
+from .loading import (
+    MANIFEST,
+    RECORDS,
+    SECRET,
+    SECRET_BYTES,
+    WAL_DIR,
+    load_record_files,
+    read_manifest,
+    read_secret,
+    record_names,
+)
 from .lock import OwnershipLock
 
 log = logging.getLogger("afterword.store")
@@ -152,6 +166,9 @@ class RecordStore:
         self._watchers: list[tuple[str, Watcher]] = []
         self._closed = False
         self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
+        self._manifest_lock = threading.Lock()  # MANIFEST writers: checkpoint, new segment, meta
+        self._digest = Digest()  # of the records in memory, kept by _apply
+        self._checkpoint_digest = Digest()
         self._gate = anyio.Lock()  # held only while a checkpoint drains the log and rolls it
         self._checkpoints = 0
         self._last_checkpoint_seconds = 0.0
@@ -182,39 +199,98 @@ class RecordStore:
     def _recover(self) -> None:
         root = self.root
         root.remove_temporaries("")
-        self.secret = self._load_secret()
-        if root.exists(MANIFEST):
-            self.manifest = decode_manifest(root.read_file(MANIFEST, max_size=MAX_MANIFEST_BYTES))
-        else:
+        manifest = read_manifest(root)
+        secret = read_secret(root)
+        if manifest is None:
             if root.exists(RECORDS) and root.listdir(RECORDS):
                 raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
+            if any(img.data[:8] == SEGMENT_MAGIC for img in read_segment_images(root, WAL_DIR)):
+                # The first open writes MANIFEST before the log's first segment.
+                raise EvidenceError(root.path(MANIFEST), "manifest_missing", "the log holds segments")
+            if secret is None:
+                root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
+                secret = read_secret(root)
+            assert secret is not None
+            self.secret = secret
             self.manifest = Manifest(
-                generation=self._generation(0), checkpoint_lsn=0, wal_start_seq=1, record_count=0
+                generation=self._generation(0),
+                checkpoint_lsn=0,
+                wal_start_seq=1,
+                record_count=0,
+                record_digest=Digest().text(),
+                secret_check=secret_check(secret),
             )
             root.ensure_dir(RECORDS)
             root.write_atomic(MANIFEST, encode_manifest(self.manifest))
-        root.ensure_dir(RECORDS)
+        else:
+            # The secret was durable before the first MANIFEST: state without it is damage.
+            check_secret(root.path(SECRET), secret, manifest.secret_check)
+            assert secret is not None
+            self.secret, self.manifest = secret, manifest
+        if not root.exists(RECORDS):
+            raise UnsafeStateError(root.path(RECORDS), "missing")
         self._load_records()
+        self._digest = Digest.of((key, rec.lsn) for key, rec in self._records.items())
+        check = ReplayCheck(
+            records_path=root.path(RECORDS),
+            checkpoint_lsn=self.manifest.checkpoint_lsn,
+            digest=self.manifest.record_digest,
+            count=self.manifest.record_count,
+            loaded={key: rec.lsn for key, rec in self._records.items()},
+        )
         self._wal, frames = WriteAheadLog.open(
             root,
             rel_dir=WAL_DIR,
             start_seq=self.manifest.wal_start_seq,
             checkpoint_lsn=self.manifest.checkpoint_lsn,
             options=self.options.wal,
+            named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn) for r in self.manifest.segments],
+            acked_lsn=self.manifest.acked_lsn,
+            before_free=self._forget_segments,
         )
         for frame in frames:
-            self._apply(frame.lsn, decode_tx(frame.payload).ops)
+            ops = decode_tx(frame.payload).ops
+            for op in ops:
+                check.op(frame.lsn, op.key, op.value is not None, op.prior)
+            self._apply(frame.lsn, ops)
+        check.finish(self._digest)
         self.replayed = len(frames)
         self._durable_lsn = self._wal.next_lsn - 1
+        self._wal.on_segment_start = self._name_new_segment
+        if self.manifest.format != FORMAT:
+            log.warning("store: upgrading %s from %s to %s", root.root, self.manifest.format, FORMAT)
+            self.checkpoint_sync()
 
-    def _load_secret(self) -> bytes:
-        root = self.root
-        if not root.exists(SECRET):
-            root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
-        data = root.read_file(SECRET, max_size=SECRET_BYTES)
-        if len(data) != SECRET_BYTES:
-            raise StoreCorruptError(f"{root.path(SECRET)}: secret must be {SECRET_BYTES} bytes")
-        return data
+    # -- MANIFEST ----------------------------------------------------------------------------
+    def _write_manifest(self, **changes: Any) -> None:
+        """Write a MANIFEST with ``changes`` over the current one (any thread)."""
+        with self._manifest_lock:
+            base = self.manifest
+            fields: dict[str, Any] = {
+                "format": FORMAT,
+                "acked_lsn": max(base.acked_lsn, self._wal.durable_lsn) if hasattr(self, "_wal") else base.acked_lsn,
+                "secret_check": secret_check(self.secret),
+            }
+            fields.update(changes)
+            start = fields.get("wal_start_seq", base.wal_start_seq)
+            if "segments" not in changes and hasattr(self, "_wal"):
+                fields["segments"] = tuple(
+                    SegmentRef(slot=r.slot, seq=r.seq, salt=f"{r.salt:016x}", first_lsn=r.first_lsn)
+                    for r in self._wal.live_segments(start)
+                )
+            fields["generation"] = self._generation(fields.get("checkpoint_lsn", base.checkpoint_lsn))
+            manifest = msgspec.structs.replace(base, **fields)
+            self.root.write_atomic(MANIFEST, encode_manifest(manifest))
+            self.manifest = manifest
+
+    def _name_new_segment(self) -> None:
+        # In the WAL's writing thread: the new life's header is durable; name it before any
+        # frame is written into it.
+        self._write_manifest()
+
+    def _forget_segments(self, slots: list[int]) -> None:
+        keep = tuple(ref for ref in self.manifest.segments if ref.slot not in slots)
+        self._write_manifest(segments=keep)
 
     def _load_records(self) -> None:
         # One listing serves both the temporary cleanup and the load (the directory can hold
@@ -280,9 +356,9 @@ class RecordStore:
                 raise ValueError(f"key {m.key!r} appears twice in one transaction")
             seen.add(m.key)
             if isinstance(m, Put):
-                ops.append(Op(m.key, m.value, tuple(m.blobs)))
+                ops.append(Op(m.key, m.value, tuple(m.blobs), self.latest_version(m.key) or 0))
             else:
-                ops.append(Op(m.key, None))
+                ops.append(Op(m.key, None, (), self.latest_version(m.key) or 0))
         for key, expected in (expect or {}).items():
             actual = self.latest_version(key)
             if actual != expected:
@@ -380,8 +456,11 @@ class RecordStore:
             else:
                 new = RecordImage(op.key, lsn, op.value, op.blobs)
                 self._records[op.key] = new
+                self._digest.add(op.key, lsn)
                 if new.blobs:
                     self._blob_refs.update(new.blobs)
+            if old is not None:
+                self._digest.remove(old.key, old.lsn)
             # Guarded: on replay this runs per transaction, and Counter.update/subtract cost an
             # ABC isinstance check even for the empty tuple most records carry (~12% of replay).
             if old is not None and old.blobs:
@@ -448,9 +527,11 @@ class RecordStore:
         start_seq, lsn = self._wal.roll()
         snapshot = {key: self._records.get(key) for key in self._dirty}
         self._dirty = set()
+        self._checkpoint_digest = Digest(self._digest.value, self._digest.count)
         return start_seq, lsn, snapshot
 
     def _write_checkpoint(self, start_seq: int, lsn: int, snapshot: dict[str, Record | None]) -> None:
+        digest = self._checkpoint_digest
         began = time.perf_counter()
         root = self.root
         writes = [(key, rec) for key, rec in snapshot.items() if rec is not None]
@@ -472,32 +553,18 @@ class RecordStore:
             root.remove(f"{RECORDS}/{record_file_name(key)}", sync_dir=False)
         if snapshot:
             root.sync_dir(RECORDS)
-        manifest = Manifest(
-            generation=self._generation(lsn),
-            checkpoint_lsn=lsn,
-            wal_start_seq=start_seq,
-            record_count=len(self._records),
-            guard_required=self.manifest.guard_required,
-            meta=dict(self.manifest.meta),
+        self._write_manifest(
+            checkpoint_lsn=lsn, wal_start_seq=start_seq, record_count=digest.count, record_digest=digest.text()
         )
-        root.write_atomic(MANIFEST, encode_manifest(manifest))
-        self.manifest = manifest
         self._checkpoints += 1
         self._last_checkpoint_seconds = time.perf_counter() - began
 
     def update_manifest_meta(self, meta: Mapping[str, str], *, guard_required: bool | None = None) -> None:
         """Durably replace manifest metadata (used by migration phases)."""
-        m = self.manifest
-        manifest = Manifest(
-            generation=self._generation(m.checkpoint_lsn),
-            checkpoint_lsn=m.checkpoint_lsn,
-            wal_start_seq=m.wal_start_seq,
-            record_count=m.record_count,
-            guard_required=m.guard_required if guard_required is None else guard_required,
-            meta=dict(meta),
-        )
-        self.root.write_atomic(MANIFEST, encode_manifest(manifest))
-        self.manifest = manifest
+        changes: dict[str, Any] = {"meta": dict(meta)}
+        if guard_required is not None:
+            changes["guard_required"] = guard_required
+        self._write_manifest(**changes)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def statistics(self) -> StoreStatistics:
@@ -525,6 +592,13 @@ class RecordStore:
             return
         self._closed = True
         try:
+            if self.root.failed is None and self._wal.durable_lsn > self.manifest.acked_lsn:
+                # A clean stop records how far the log was acknowledged, so that later damage
+                # to its last frames is told apart from a torn write.
+                try:
+                    self._write_manifest()
+                except Exception as exc:
+                    log.warning("store: could not record the acknowledged lsn at close: %s", exc)
             self._wal.close()
         finally:
             if self._lock is not None:

@@ -1,12 +1,13 @@
 """Bounded write-ahead transaction log with group commit and idempotent replay."""
 
-from .errors import TransactionTooLarge, WalClosedError, WalCorruptError, WalError
+from .errors import TransactionTooLarge, WalClosedError, WalCorruptError, WalError, WalEvidenceError
 from .frame import Frame, SegmentHeader, decode_frame_at, encode_frame
 from .log import WalOptions, WalStatistics, WriteAheadLog
-from .scan import ReplayPlan, SegmentImage, scan_chain
+from .scan import NamedSegment, ReplayPlan, SegmentImage, scan_chain
 
 __all__ = [
     "Frame",
+    "NamedSegment",
     "ReplayPlan",
     "SegmentHeader",
     "SegmentImage",
@@ -14,6 +15,7 @@ __all__ = [
     "WalClosedError",
     "WalCorruptError",
     "WalError",
+    "WalEvidenceError",
     "WalOptions",
     "WalStatistics",
     "WriteAheadLog",

@@ -10,10 +10,11 @@ repeats until the queue is empty.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -29,8 +30,9 @@ from .frame import (
     encode_segment_header,
     frame_size,
 )
-from .scan import SegmentImage, scan_chain
+from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_chain
 
+log = logging.getLogger("afterword.wal")
 MiB = 1024 * 1024
 SEGMENT_SUFFIX = ".seg"
 _ZERO_CHUNK = b"\x00" * MiB
@@ -95,6 +97,7 @@ class _Segment:
     slot: int
     handle: FileHandle
     header: SegmentHeader | None = None  # None: free slot
+    named: bool = False  # header durable, so a MANIFEST may name this life
 
 
 class WriteAheadLog:
@@ -117,6 +120,10 @@ class WriteAheadLog:
         self._open_batch = _Batch()
         self._leader = False
         self._closed = False
+        # Called (in the writing thread, under the write lock) once a new segment life's
+        # header is durable and before any frame is written into it; the record store names
+        # the life in its MANIFEST there, so a named segment that is gone is proof of damage.
+        self.on_segment_start: Callable[[], None] | None = None
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod
@@ -128,11 +135,21 @@ class WriteAheadLog:
         start_seq: int,
         checkpoint_lsn: int,
         options: WalOptions | None = None,
+        named: Sequence[NamedSegment] = (),
+        acked_lsn: int = 0,
+        before_free: Callable[[list[int]], None] | None = None,
     ) -> tuple[WriteAheadLog, list[Frame]]:
-        """Open (creating if needed) and return the log plus the frames to replay."""
+        """Open (creating if needed) and return the log plus the frames to replay.
+
+        ``named`` and ``acked_lsn`` are the MANIFEST's evidence: every named segment life
+        must be present and the log must reach ``acked_lsn``, else ``WalEvidenceError``
+        before anything is repaired. ``before_free(slots)`` runs before named segments past
+        the end of the log (leftovers of a torn write) are freed, so the caller can stop
+        naming them first.
+        """
         wal = cls(root, rel_dir, options or WalOptions())
         try:
-            frames = wal._recover(start_seq, checkpoint_lsn)
+            frames = wal._recover(start_seq, checkpoint_lsn, list(named), acked_lsn, before_free)
         except BaseException:
             wal.close()  # a refused open must not leak segment descriptors
             raise
@@ -141,7 +158,14 @@ class WriteAheadLog:
     def _slot_rel(self, slot: int) -> str:
         return f"{self.rel_dir}/{slot:08d}{SEGMENT_SUFFIX}"
 
-    def _recover(self, start_seq: int, checkpoint_lsn: int) -> list[Frame]:
+    def _recover(
+        self,
+        start_seq: int,
+        checkpoint_lsn: int,
+        named: list[NamedSegment],
+        acked_lsn: int,
+        before_free: Callable[[list[int]], None] | None,
+    ) -> list[Frame]:
         root = self.root
         root.ensure_dir(self.rel_dir)
         root.remove_temporaries(self.rel_dir)
@@ -153,20 +177,19 @@ class WriteAheadLog:
             slot = int(name[: -len(SEGMENT_SUFFIX)])
             handle = root.open_file(self._slot_rel(slot), writable=True)
             size = root.disk.fstat(handle.fd).st_size
-            if size != self.options.segment_size:
-                # A slot of another size was made by another configuration or is damaged.
-                self._segments[slot] = _Segment(slot, handle)
-                if size < SEGMENT_HEADER_SIZE:
-                    continue
-            data = root.pread(handle, size, 0)
-            images.append(SegmentImage(slot, data))
+            # A slot of another size was made by another configuration or is damaged; it is
+            # never reused, and a named one fails the evidence check below.
             self._segments[slot] = _Segment(slot, handle)
+            images.append(SegmentImage(slot, root.pread(handle, size, 0)))
+        wal_path = root.path(self.rel_dir)
+        check_named(named, images, segment_size=self.options.segment_size, start_seq=start_seq, wal_path=wal_path)
         plan = scan_chain(
             images,
             start_seq=start_seq,
             checkpoint_lsn=checkpoint_lsn,
             max_payload=self.options.max_payload,
         )
+        check_acked(plan.next_lsn, acked_lsn, wal_path)
         from .frame import decode_segment_header
 
         by_slot = {img.slot: img for img in images}
@@ -181,7 +204,25 @@ class WriteAheadLog:
                 seg.header = header
         if plan.repair is not None:
             self._repair(plan.repair.slot, plan.repair.start, plan.repair.stop, by_slot)
+            log.warning(
+                "wal: cut a torn tail of %s (bytes %d-%d) after lsn %d; the MANIFEST records "
+                "lsn %d as the last acknowledged, so the cut frames were never acknowledged",
+                root.path(self._slot_rel(plan.repair.slot)),
+                plan.repair.start,
+                plan.repair.stop,
+                plan.next_lsn - 1,
+                acked_lsn,
+            )
+        named_slots = {ref.slot for ref in named}
+        freed_named = [slot for slot in plan.free_slots if slot in named_slots]
+        if freed_named and before_free is not None:
+            before_free(freed_named)
         for slot in plan.free_slots:
+            log.warning(
+                "wal: freed %s: it held only leftovers of a torn write after lsn %d",
+                root.path(self._slot_rel(slot)),
+                plan.next_lsn - 1,
+            )
             seg = self._segments[slot]
             root.pwrite(seg.handle, b"\x00" * SEGMENT_HEADER_SIZE, 0)
             root.fdatasync(seg.handle)
@@ -196,6 +237,8 @@ class WriteAheadLog:
         if plan.tail_slot is not None:
             self._tail = self._segments[plan.tail_slot]
             self._tail_offset = plan.tail_offset
+        for slot in self._chain:
+            self._segments[slot].named = True  # on disk already: durable
         return plan.frames
 
     def _repair(self, slot: int, start: int, stop: int, images: dict[int, SegmentImage]) -> None:
@@ -208,6 +251,16 @@ class WriteAheadLog:
         seg = self._segments[slot]
         root.pwrite(seg.handle, b"\x00" * (stop - start), start)
         root.fdatasync(seg.handle)
+
+    def live_segments(self, start_seq: int) -> list[NamedSegment]:
+        """Segment lives of the chain from ``start_seq`` on whose header is durable."""
+        out: list[NamedSegment] = []
+        for slot in list(self._chain):
+            seg = self._segments.get(slot)
+            header = seg.header if seg is not None else None
+            if seg is not None and header is not None and seg.named and header.seq >= start_seq:
+                out.append(NamedSegment(slot, header.seq, header.salt, header.first_lsn))
+        return out
 
     # -- writing -----------------------------------------------------------------------------
     @property
@@ -278,11 +331,23 @@ class WriteAheadLog:
                 header = SegmentHeader(self._next_seq, secrets.randbits(64) | 1, lsn)
                 self._next_seq += 1
                 seg.header = header
+                seg.named = False
                 self._chain.append(seg.slot)
                 self._tail = seg
-                parts = [encode_segment_header(header)]
-                part_offset = 0
                 self._tail_offset = SEGMENT_HEADER_SIZE
+                if self.on_segment_start is not None:
+                    # Header first and durable, then the MANIFEST names the life, then frames:
+                    # no crash can then leave a named life without its header.
+                    self._pwrite(seg, [encode_segment_header(header)], 0)
+                    self.root.fdatasync(seg.handle)
+                    seg.named = True
+                    self.on_segment_start()
+                    parts = []
+                    part_offset = SEGMENT_HEADER_SIZE
+                else:
+                    seg.named = True
+                    parts = [encode_segment_header(header)]
+                    part_offset = 0
             if seg not in touched:
                 touched.append(seg)
             assert seg.header is not None

@@ -7,8 +7,8 @@ or still-unsynced tail is simply left out, and nothing on disk is touched.
 from __future__ import annotations
 
 from ..disk import StateRoot
-from .frame import SEGMENT_HEADER_SIZE, Frame
-from .scan import SegmentImage, scan_chain
+from .frame import Frame
+from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_chain
 
 SEGMENT_SUFFIX = ".seg"
 
@@ -25,7 +25,7 @@ def read_segment_images(root: StateRoot, rel_dir: str) -> list[SegmentImage]:
         handle = root.open_file(f"{rel_dir}/{name}")
         try:
             size = root.disk.fstat(handle.fd).st_size
-            data = root.pread(handle, size, 0) if size >= SEGMENT_HEADER_SIZE else b""
+            data = root.pread(handle, size, 0)
         finally:
             root.close(handle)
         images.append(SegmentImage(slot, data))
@@ -33,7 +33,15 @@ def read_segment_images(root: StateRoot, rel_dir: str) -> list[SegmentImage]:
 
 
 def read_chain(
-    root: StateRoot, rel_dir: str, *, start_seq: int, checkpoint_lsn: int, max_payload: int
+    root: StateRoot,
+    rel_dir: str,
+    *,
+    start_seq: int,
+    checkpoint_lsn: int,
+    max_payload: int,
+    segment_size: int,
+    named: list[NamedSegment] | None = None,
+    acked_lsn: int = 0,
 ) -> tuple[list[Frame], list[SegmentImage]]:
     """The frames a recovery would replay, and the segment images they came from.
 
@@ -41,5 +49,8 @@ def read_chain(
     a torn tail that recovery would cut is left out here.
     """
     images = read_segment_images(root, rel_dir)
+    wal_path = root.path(rel_dir)
+    check_named(named or [], images, segment_size=segment_size, start_seq=start_seq, wal_path=wal_path)
     plan = scan_chain(images, start_seq=start_seq, checkpoint_lsn=checkpoint_lsn, max_payload=max_payload)
+    check_acked(plan.next_lsn, acked_lsn, wal_path)
     return plan.frames, images

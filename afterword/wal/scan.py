@@ -17,7 +17,7 @@ import itertools
 import struct
 from typing import NamedTuple
 
-from .errors import WalCorruptError
+from .errors import WalCorruptError, WalEvidenceError
 from .frame import (
     ALIGN,
     FRAME_HEADER_SIZE,
@@ -144,3 +144,54 @@ def _check_leftovers(leftovers: list[Frame], first_missing: int, slot: int) -> N
                 f"{frame.batch_start}) survives after missing lsn {first_missing}; "
                 "a durable write was lost"
             )
+
+
+class NamedSegment(NamedTuple):
+    """A segment life a MANIFEST names (``slot``, ``seq``, ``salt``, ``first_lsn``)."""
+
+    slot: int
+    seq: int
+    salt: int
+    first_lsn: int
+
+
+def check_named(
+    named: list[NamedSegment],
+    images: list[SegmentImage],
+    *,
+    segment_size: int,
+    start_seq: int,
+    wal_path: str,
+) -> None:
+    """Every segment life the MANIFEST names must still be there, whole and unchanged.
+
+    A named life's header was durable before the MANIFEST named it, so no crash can remove
+    it: a missing, short, zeroed or reused slot is damage (``WalEvidenceError``).
+    """
+    by_slot = {img.slot: img for img in images}
+    for ref in named:
+        if ref.seq < start_seq:
+            continue
+        path = f"{wal_path}/{ref.slot:08d}.seg"
+        image = by_slot.get(ref.slot)
+        if image is None:
+            raise WalEvidenceError(path, "segment_missing", f"MANIFEST names segment seq {ref.seq}")
+        if len(image.data) != segment_size:
+            raise WalEvidenceError(
+                path, "segment_short", f"{len(image.data)} bytes, a segment has {segment_size}"
+            )
+        header = decode_segment_header(image.data)
+        if header is None or (header.seq, header.salt, header.first_lsn) != (ref.seq, ref.salt, ref.first_lsn):
+            raise WalEvidenceError(
+                path, "segment_replaced", f"header is not segment seq {ref.seq} named by MANIFEST"
+            )
+
+
+def check_acked(next_lsn: int, acked_lsn: int, wal_path: str) -> None:
+    """Replay must reach every lsn the MANIFEST recorded as acknowledged."""
+    if next_lsn - 1 < acked_lsn:
+        raise WalEvidenceError(
+            wal_path,
+            "acknowledged_lost",
+            f"the log ends at lsn {next_lsn - 1} but lsn {acked_lsn} was acknowledged",
+        )

@@ -1,0 +1,258 @@
+"""Issue 14: damaged, missing or rolled-back state fails closed instead of opening as less.
+
+Each test damages a state directory the way an operator, a disk or a bad restore might, and
+checks that the open (and the read-only open) refuses with an error naming the path and the
+rule, where the v3 store opened with acknowledged records silently missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from _disk_helpers import SMALL, abandon
+
+from afterword.store import FORMAT, Put, RecordStore, StoreCorruptError, open_readonly
+from afterword.store.evidence import EvidenceError
+from afterword.wal import WalCorruptError, WalEvidenceError
+from afterword.wal.frame import SEGMENT_HEADER_SIZE
+
+Rule = tuple[type[Exception], str]
+
+
+def _make(path: str, *, before: int = 3, after: int = 4, killed: bool = True) -> dict[str, bytes]:
+    """``before`` commits, a checkpoint, ``after`` more commits; the acknowledged state."""
+    store = RecordStore.open(path, options=SMALL)
+    acked: dict[str, bytes] = {}
+    for i in range(before + after):
+        store.transact_sync([Put(f"k:{i}", f"v{i}".encode())])
+        acked[f"k:{i}"] = f"v{i}".encode()
+        if i + 1 == before:
+            store.checkpoint_sync()
+    if killed:
+        abandon(store)
+    else:
+        store.close()
+    return acked
+
+
+def _refused(path: str, rule: str) -> Exception:
+    with pytest.raises((EvidenceError, WalEvidenceError)) as err:
+        RecordStore.open(path, options=SMALL)
+    assert err.value.rule == rule, err.value  # type: ignore[union-attr]
+    assert path in str(err.value)
+    with pytest.raises((EvidenceError, WalEvidenceError)) as err2:
+        open_readonly(path, options=SMALL, attempts=1)
+    assert err2.value.rule == rule  # type: ignore[union-attr]
+    return err.value
+
+
+def _segments(path: str) -> list[str]:
+    wal = os.path.join(path, "wal")
+    return sorted(os.path.join(wal, n) for n in os.listdir(wal) if n.endswith(".seg"))
+
+
+def _tail_segment(path: str) -> str:
+    manifest = json.loads(Path(os.path.join(path, "MANIFEST")).read_bytes())
+    slot = max(manifest["segments"], key=lambda ref: ref[1])[0]
+    return os.path.join(path, "wal", f"{slot:08d}.seg")
+
+
+def _truncate(size: int):  # type: ignore[no-untyped-def]
+    def damage(seg: str) -> None:
+        os.truncate(seg, size)
+
+    return damage
+
+
+def _garble(seg: str) -> None:
+    with open(seg, "r+b") as fh:
+        fh.write(os.urandom(4096))
+
+
+def _zero_header(seg: str) -> None:
+    with open(seg, "r+b") as fh:
+        fh.write(b"\0" * SEGMENT_HEADER_SIZE)
+
+
+@pytest.mark.parametrize(
+    ("damage", "rule"),
+    [
+        (os.unlink, "segment_missing"),
+        (_truncate(0), "segment_short"),
+        (_truncate(100), "segment_short"),
+        (_truncate(SMALL.wal.segment_size // 2), "segment_short"),
+        (_garble, "segment_replaced"),
+        (_zero_header, "segment_replaced"),
+    ],
+    ids=["deleted", "truncated-0", "truncated-100", "truncated-half", "garbage", "header-zeroed"],
+)
+def test_item1_damaged_segment_fails_closed(tmp_path: object, damage, rule: str) -> None:  # type: ignore[no-untyped-def]
+    path = str(tmp_path)
+    _make(path)
+    damage(_tail_segment(path))
+    _refused(path, rule)
+
+
+def test_item1_nothing_is_swept_after_a_refusal(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _make(path)
+    os.unlink(_tail_segment(path))
+    records = sorted(os.listdir(os.path.join(path, "records")))
+    _refused(path, "segment_missing")
+    assert sorted(os.listdir(os.path.join(path, "records"))) == records
+
+
+def test_item2_deleted_record_file_fails_closed(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _make(path)
+    rec_dir = os.path.join(path, "records")
+    os.unlink(os.path.join(rec_dir, sorted(os.listdir(rec_dir))[0]))
+    _refused(path, "record_digest")
+
+
+def test_item2_record_file_rolled_back_to_an_older_version_fails_closed(tmp_path: object) -> None:
+    path = str(tmp_path)
+    with RecordStore.open(path, options=SMALL) as store:
+        store.transact_sync([Put("a", b"1")])
+        store.checkpoint_sync()
+        name = os.path.join(path, "records", sorted(os.listdir(os.path.join(path, "records")))[0])
+        old = Path(name).read_bytes()
+        store.transact_sync([Put("a", b"2")])
+        store.checkpoint_sync()
+    with open(name, "wb") as fh:
+        fh.write(old)
+    _refused(path, "record_digest")
+
+
+def test_item3_deleted_secret_fails_closed_and_is_not_recreated(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _make(path)
+    os.unlink(os.path.join(path, "secret"))
+    _refused(path, "secret_missing")
+    assert not os.path.exists(os.path.join(path, "secret"))
+
+
+def test_item3_replaced_secret_fails_closed(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _make(path)
+    fd = os.open(os.path.join(path, "secret"), os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, os.urandom(32))
+    os.close(fd)
+    _refused(path, "secret_mismatch")
+
+
+@pytest.mark.parametrize(
+    ("fields", "rule"),
+    [(("checkpoint_lsn",), "acknowledged_lost"), (("checkpoint_lsn", "acked_lsn"), "manifest_behind_records")],
+)
+def test_item4_manifest_checkpoint_lsn_edited_back_fails_closed(
+    tmp_path: object, fields: tuple[str, ...], rule: str
+) -> None:
+    path = str(tmp_path)
+    _make(path, before=5, after=0, killed=False)
+    mpath = os.path.join(path, "MANIFEST")
+    manifest = json.loads(Path(mpath).read_bytes())
+    assert manifest["checkpoint_lsn"] == 5
+    for name in fields:
+        manifest[name] = 0
+    with open(mpath, "w") as fh:
+        json.dump(manifest, fh)
+    _refused(path, rule)
+
+
+def test_item4_manifest_restored_from_an_earlier_copy_fails_closed(tmp_path: object) -> None:
+    path = str(tmp_path)
+    store = RecordStore.open(path, options=SMALL)
+    store.transact_sync([Put("a", b"1")])
+    store.checkpoint_sync()
+    early = Path(os.path.join(path, "MANIFEST")).read_bytes()
+    for i in range(3):
+        store.transact_sync([Put("a", str(i).encode()), Put(f"b:{i}", b"x")])
+        store.checkpoint_sync()
+    store.close()
+    with open(os.path.join(path, "MANIFEST"), "wb") as fh:
+        fh.write(early)
+    with pytest.raises((StoreCorruptError, WalCorruptError)):
+        RecordStore.open(path, options=SMALL)
+    with pytest.raises((StoreCorruptError, WalCorruptError)):
+        open_readonly(path, options=SMALL, attempts=1)
+
+
+def _flip_last_frame(path: str) -> None:
+    seg = _tail_segment(path)
+    with open(seg, "r+b") as fh:
+        data = fh.read()
+        end = len(data.rstrip(b"\0"))
+        fh.seek(end - 1)
+        fh.write(bytes([data[end - 1] ^ 0x01]))
+
+
+def test_item5_flipped_bit_in_an_acknowledged_last_frame_fails_closed(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _make(path, killed=False)  # a clean stop records the last acknowledged lsn
+    _flip_last_frame(path)
+    _refused(path, "acknowledged_lost")
+    assert not [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
+
+
+def test_item5_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = str(tmp_path)
+    acked = _make(path, killed=True)
+    _flip_last_frame(path)  # indistinguishable from a torn final write: nothing later proves it
+    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+        got = {r.key: r.value for r in store.items()}
+    assert got == {k: v for k, v in acked.items() if k != "k:6"}
+    assert any("cut a torn tail" in r.getMessage() for r in caplog.records)
+    assert [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
+
+
+def test_manifest_missing_beside_a_log_fails_closed(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _make(path, before=0, after=3)
+    os.unlink(os.path.join(path, "MANIFEST"))
+    shutil.rmtree(os.path.join(path, "records"))
+    os.mkdir(os.path.join(path, "records"), 0o700)
+    with pytest.raises(EvidenceError) as err:
+        RecordStore.open(path, options=SMALL)
+    assert err.value.rule == "manifest_missing"
+
+
+def test_v3_state_is_upgraded_on_first_open(tmp_path: object) -> None:
+    """Today's v3 files: the first open replays them, then checkpoints into a v4 MANIFEST."""
+    path = str(tmp_path)
+    acked = _make(path, killed=True)
+    mpath = os.path.join(path, "MANIFEST")
+    manifest = json.loads(Path(mpath).read_bytes())
+    v3 = {k: manifest[k] for k in ("generation", "checkpoint_lsn", "wal_start_seq", "record_count",
+                                   "guard_required", "meta")}
+    v3["format"] = "per-record-v3"
+    with open(mpath, "w") as fh:
+        json.dump(v3, fh)
+    with RecordStore.open(path, options=SMALL) as store:
+        assert {r.key: r.value for r in store.items()} == acked
+        assert store.manifest.format == FORMAT
+    after = json.loads(Path(mpath).read_bytes())
+    assert after["format"] == FORMAT and after["record_digest"] and after["checkpoint_lsn"] == 7
+    # The upgraded directory now carries the evidence.
+    os.unlink(os.path.join(path, "records", sorted(os.listdir(os.path.join(path, "records")))[0]))
+    _refused(path, "record_digest")
+
+
+def test_clean_state_reopens_exactly_many_times(tmp_path: object) -> None:
+    path = str(tmp_path)
+    acked = _make(path, killed=False)
+    for round_ in range(3):
+        with RecordStore.open(path, options=SMALL) as store:
+            assert {r.key: r.value for r in store.items()} == acked
+            store.transact_sync([Put(f"r:{round_}", b"x")])
+            acked[f"r:{round_}"] = b"x"
+            if round_ == 1:
+                store.checkpoint_sync()
+    assert {r.key: r.value for r in open_readonly(path, options=SMALL).items()} == acked
