@@ -22,6 +22,7 @@ from typing import Protocol
 from afterword.disk import NoSyncDisk, StateRoot
 from afterword.store import Manifest, Put, RecordStore, StoreOptions
 from afterword.store.codec import RecordImage, encode_manifest, encode_record, record_file_name
+from afterword.store.evidence import Digest
 from afterword.store.store import MANIFEST, RECORDS
 from afterword.wal import WalOptions
 
@@ -120,10 +121,13 @@ def build_checkpointed_store(path: str, active: int, tombstones: int) -> None:
     directly with the store's codec (one plain write each), because 60,000 atomic replaces
     would cost far longer than the open being measured. The open validates every file.
     """
-    RecordStore.open(path, disk=NoSyncDisk()).close()
+    with RecordStore.open(path, disk=NoSyncDisk()) as store:
+        base = store.manifest
     records = os.path.join(path, RECORDS)
     lsn = 0
+    digest = Digest()
     for lsn, (key, value) in enumerate(fixture_rows(active, tombstones), start=1):
+        digest.add(key, lsn)
         fd = os.open(
             os.path.join(records, record_file_name(key)), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
         )
@@ -131,7 +135,15 @@ def build_checkpointed_store(path: str, active: int, tombstones: int) -> None:
             os.write(fd, encode_record(RecordImage(key, lsn, value)))
         finally:
             os.close(fd)
-    manifest = Manifest(generation=f"{lsn:016x}-bench", checkpoint_lsn=lsn, wal_start_seq=1, record_count=lsn)
+    manifest = Manifest(
+        generation=f"{lsn:016x}-bench",
+        checkpoint_lsn=lsn,
+        wal_start_seq=1,
+        record_count=lsn,
+        acked_lsn=lsn,
+        record_digest=digest.text(),
+        secret_check=base.secret_check,
+    )
     StateRoot(path, NoSyncDisk()).write_atomic(MANIFEST, encode_manifest(manifest))
 
 

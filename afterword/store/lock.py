@@ -63,7 +63,13 @@ class OwnershipLock:
                     raise StoreLockedError(
                         f"{root.root}: state directory is owned by another process"
                     ) from None
-                raise
+                raise UnsafeStateError(path, "bad_lock_file", type(exc).__name__) from None
+            except sqlite3.DatabaseError:
+                # Garbage in owner.db: it holds no state, but it is not ours to delete either.
+                conn.close()
+                raise UnsafeStateError(
+                    path, "bad_lock_file", "not an SQLite database; remove it while no host runs"
+                ) from None
         except BaseException:
             with _held_lock:
                 _held.discard(identity)

@@ -1,4 +1,4 @@
-"""The ``per-record-v3`` record store: WAL commits, per-record files, in-memory state.
+"""The ``per-record-v4`` record store: WAL commits, per-record files, in-memory state.
 
 Layout of a state directory (all directories 0700, files 0600)::
 

@@ -6,6 +6,8 @@ Examples::
     python -m tools.crashsim run --exhaustive --ops 4     # every state of short workloads
     python -m tools.crashsim state --workload checkpoint --model torn --seed 3 --state '57/12=4'
     python -m tools.crashsim fault --workload blobs --seed 0 --plan 'fsync#7:EIO:once'
+    python -m tools.crashsim damage --budget 40            # damaged state: fail closed or exact
+    python -m tools.crashsim damage --workload checkpoint --case '3:delete:secret'
 
 Exit status: 0 no violation, 1 violations found, 2 usage error.
 """
@@ -20,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
+from .damage import DAMAGE_WORKLOADS, DamageResult, render_damage, run_damage
 from .faults import KINDS, FaultPlan
 from .model import DEFAULT_MODELS, MODELS, get_model
 from .report import render, render_violations, to_json
@@ -83,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     fault.add_argument("--plan", required=True, help="e.g. fsync#3:EIO:once")
     fault.add_argument("--workdir")
 
+    damage = sub.add_parser("damage", help="damage state after each acknowledged operation")
+    damage.add_argument("--workload", action="append", help=f"repeatable; default {', '.join(DAMAGE_WORKLOADS)}")
+    damage.add_argument("--seeds", default="0", help="e.g. 0 or 0-9 or 1,5,7 (default 0)")
+    damage.add_argument("--ops", type=int, help="logical operations per workload (default: its own)")
+    damage.add_argument("--budget", type=int, help="cases per workload and damage kind (default: all)")
+    damage.add_argument("--case", help="run one case again (the id a report printed)")
+    damage.add_argument("--workdir")
+
     sub.add_parser("list", help="workloads and persistence models")
     return p
 
@@ -100,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _state(args)
         if args.command == "fault":
             return _fault(args)
+        if args.command == "damage":
+            return _damage(args)
         return _run(args)
     except ValueError as exc:
         print(f"crashsim: {exc}", file=sys.stderr)
@@ -199,6 +212,22 @@ def _fault(args: argparse.Namespace) -> int:
         return 0
     print("\n".join(render_violations(violations, max_examples=100)))
     return 1
+
+
+def _damage(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.disable(logging.WARNING)  # every refused or repaired case would log its reason
+    results: list[DamageResult] = []
+    with Scratch(args.workdir) as scratch:
+        for seed in _seeds(args.seeds):
+            for name in args.workload or DAMAGE_WORKLOADS:
+                workload = get_workload(name)(seed=seed, ops=args.ops)
+                result = run_damage(workload, scratch, budget=args.budget, only=args.case)
+                _progress(f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations")
+                results.append(result)
+    print(render_damage(results, max_examples=100 if args.case else 5))
+    return 1 if any(r.violations for r in results) else 0
 
 
 def _progress(text: str) -> None:

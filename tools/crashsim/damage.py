@@ -1,0 +1,264 @@
+"""The ``damage`` family: state damaged after a kill must fail closed or open exactly.
+
+Crash families enumerate what a power loss can leave. This family covers what a crash cannot
+explain: a file deleted, truncated or overwritten with garbage, a MANIFEST restored from an
+earlier copy, a secret gone. For a workload it runs the real system once, and after each
+acknowledged operation copies the state directory as a ``kill -9`` would leave it (no clean
+close). Each copy is then damaged in every way below and opened by the workload's real
+recovery. Every case must end in one of two outcomes:
+
+* ``fail_closed``: recovery refuses with a store, log or disk error (each names the path and
+  the rule), or
+* ``exact``: recovery holds exactly the acknowledged state (or that plus operations that
+  were in flight, which a crash may also keep).
+
+Anything else is a violation: ``silent_loss`` (opened holding an earlier prefix: acknowledged
+work gone), ``wrong`` (opened holding a state no prefix explains) or ``unnamed`` (refused
+with an error that is not one of the fail-closed kinds, e.g. a traceback).
+
+Targets are the store's files: ``MANIFEST``, ``secret``, ``owner.db``, ``records/*`` and
+``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
+record is read).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from afterword.disk import DiskError, NoSyncDisk
+from afterword.store import StoreError
+from afterword.wal import WalError
+
+from .runner import Scratch
+from .workloads import ACKED, Journal, Observation, Workload
+
+DAMAGE_WORKLOADS = ("store-tx", "checkpoint", "blobs")
+OUTCOMES = ("fail_closed", "exact", "silent_loss", "wrong", "unnamed")
+KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "manifest-rollback")
+_TARGET_DIRS = ("records", "wal")
+_TOP_FILES = ("MANIFEST", "secret")
+_FAIL_CLOSED = (StoreError, WalError, DiskError)
+_DISK = NoSyncDisk()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The state directory right after ``acked`` operations were acknowledged."""
+
+    acked: int
+    files: dict[str, bytes]  # relative path -> bytes (owner.db left out: its bytes are no state)
+
+
+@dataclass(frozen=True)
+class Case:
+    snapshot: int  # index into the snapshots
+    kind: str
+    target: str  # relative path damaged
+    version: int = -1  # manifest-rollback: index of the earlier MANIFEST
+
+    @property
+    def ident(self) -> str:
+        extra = f"@{self.version}" if self.version >= 0 else ""
+        return f"{self.snapshot}:{self.kind}:{self.target}{extra}"
+
+
+@dataclass
+class DamageResult:
+    workload: str
+    seed: int
+    ops: int
+    snapshots: int
+    space: int  # cases that could be run
+    counts: dict[str, Counter[str]] = field(default_factory=dict)  # kind -> outcome -> cases
+    examples: list[str] = field(default_factory=list)  # violations, reproducible by ident
+    seconds: float = 0.0
+
+    @property
+    def cases(self) -> int:
+        return sum(sum(c.values()) for c in self.counts.values())
+
+    def total(self, outcome: str) -> int:
+        return sum(c[outcome] for c in self.counts.values())
+
+    @property
+    def violations(self) -> int:
+        return sum(self.total(o) for o in ("silent_loss", "wrong", "unnamed"))
+
+
+def _read_tree(state_dir: str) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for name in _TOP_FILES:
+        path = os.path.join(state_dir, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as fh:
+                files[name] = fh.read()
+    for sub in (*_TARGET_DIRS, "blobs", "records-v2"):
+        base = os.path.join(state_dir, sub)
+        if not os.path.isdir(base):
+            continue
+        for name in sorted(os.listdir(base)):
+            path = os.path.join(base, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as fh:
+                    files[f"{sub}/{name}"] = fh.read()
+    return files
+
+
+def record_snapshots(workload: Workload, scratch: Scratch) -> list[Snapshot]:
+    """Run ``workload`` for real and copy its state after every acknowledged operation."""
+    state_dir = os.path.join(scratch.fresh(), "state")
+    snapshots: list[Snapshot] = []
+    journal: Journal
+
+    def mark(kind: str, op: int, note: str) -> None:
+        if kind == "ack":
+            acked = sum(1 for o in journal.outcomes.values() if o == ACKED)
+            snapshots.append(Snapshot(acked, _read_tree(state_dir)))
+
+    journal = Journal(mark)
+    workload.run(state_dir, _DISK, journal)
+    return snapshots
+
+
+def enumerate_cases(snapshots: Sequence[Snapshot]) -> list[Case]:
+    cases: list[Case] = []
+    manifests: list[bytes] = []
+    for i, snap in enumerate(snapshots):
+        for target, data in sorted(snap.files.items()):
+            if target.split("/")[0] in ("blobs", "records-v2"):
+                continue
+            cases.append(Case(i, "delete", target))
+            if data:
+                cases.append(Case(i, "truncate-0", target))
+                cases.append(Case(i, "garbage", target))
+            if len(data) > 1:
+                cases.append(Case(i, "truncate-half", target))
+        cases.append(Case(i, "garbage", "owner.db"))
+        current = snap.files.get("MANIFEST")
+        for v, old in enumerate(manifests):
+            if old != current:
+                cases.append(Case(i, "manifest-rollback", "MANIFEST", v))
+        if current is not None and (not manifests or manifests[-1] != current):
+            manifests.append(current)
+    return cases
+
+
+def _manifest_versions(snapshots: Sequence[Snapshot]) -> list[bytes]:
+    versions: list[bytes] = []
+    for snap in snapshots:
+        current = snap.files.get("MANIFEST")
+        if current is not None and (not versions or versions[-1] != current):
+            versions.append(current)
+    return versions
+
+
+def _materialize(state_dir: str, files: dict[str, bytes]) -> None:
+    os.mkdir(state_dir, 0o700)
+    for rel, data in files.items():
+        head, _, _ = rel.rpartition("/")
+        if head and not os.path.isdir(os.path.join(state_dir, head)):
+            os.mkdir(os.path.join(state_dir, head), 0o700)
+        fd = os.open(os.path.join(state_dir, rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    for sub in _TARGET_DIRS:
+        os.makedirs(os.path.join(state_dir, sub), mode=0o700, exist_ok=True)
+
+
+def damaged_files(case: Case, snapshots: Sequence[Snapshot], seed: int) -> dict[str, bytes]:
+    files = dict(snapshots[case.snapshot].files)
+    rng = random.Random(f"{seed}/{case.ident}")
+    data = files.get(case.target, b"")
+    if case.kind == "delete":
+        files.pop(case.target, None)
+    elif case.kind == "truncate-0":
+        files[case.target] = b""
+    elif case.kind == "truncate-half":
+        files[case.target] = data[: len(data) // 2]
+    elif case.kind == "garbage":
+        files[case.target] = rng.randbytes(max(len(data), 4096 if case.target == "owner.db" else 1))
+    elif case.kind == "manifest-rollback":
+        files["MANIFEST"] = _manifest_versions(snapshots)[case.version]
+    return files
+
+
+def classify(
+    workload: Workload, acked: int, recover: Callable[[], Observation]
+) -> tuple[str, str]:
+    """Run ``recover`` and name the outcome, with a detail for violations."""
+    try:
+        seen = recover()
+    except _FAIL_CLOSED as exc:
+        return "fail_closed", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # any other error is the finding (a traceback for the operator)
+        return "unnamed", f"{type(exc).__name__}: {exc}"
+    seen = dict(seen)
+    for p in range(acked, workload.ops + 1):
+        if dict(workload.expect(range(1, p + 1))) == seen:
+            return "exact", ""
+    for p in range(acked):
+        if dict(workload.expect(range(1, p + 1))) == seen:
+            return "silent_loss", f"opened with {p} of {acked} acknowledged operations"
+    return "wrong", "opened with a state no prefix of the operations explains"
+
+
+def run_damage(
+    workload: Workload, scratch: Scratch, *, budget: int | None = None, only: str | None = None
+) -> DamageResult:
+    """Damage every (or a ``budget`` sample per kind of) case and classify each recovery."""
+    began = time.perf_counter()
+    snapshots = record_snapshots(workload, scratch)
+    cases = enumerate_cases(snapshots)
+    result = DamageResult(workload.name, workload.seed, workload.ops, len(snapshots), len(cases))
+    if only is not None:
+        cases = [c for c in cases if c.ident == only]
+    elif budget is not None:
+        rng = random.Random(f"{workload.name}/{workload.seed}/damage")
+        picked: list[Case] = []
+        for kind in KINDS:
+            of_kind = [c for c in cases if c.kind == kind]
+            picked += of_kind if len(of_kind) <= budget else rng.sample(of_kind, budget)
+        cases = picked
+    for case in cases:
+        state_dir = os.path.join(scratch.fresh(), "state")
+        _materialize(state_dir, damaged_files(case, snapshots, workload.seed))
+        acked = snapshots[case.snapshot].acked
+        outcome, detail = classify(workload, acked, lambda d=state_dir: workload.recover(d, _DISK))
+        result.counts.setdefault(case.kind, Counter())[outcome] += 1
+        if outcome not in ("fail_closed", "exact"):
+            result.examples.append(f"{workload.name} seed {workload.seed} case {case.ident}: {outcome}: {detail}")
+        shutil.rmtree(os.path.dirname(state_dir), ignore_errors=True)
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+_HEADER = ("workload", "seed", "snapshots", "kind", "cases", *OUTCOMES)
+
+
+def render_damage(results: Sequence[DamageResult], *, max_examples: int = 5) -> str:
+    from .report import _table
+
+    rows: list[tuple[object, ...]] = []
+    for r in results:
+        for kind in KINDS:
+            c = r.counts.get(kind, Counter())
+            rows.append((r.workload, r.seed, r.snapshots, kind, sum(c.values()), *(c[o] for o in OUTCOMES)))
+    lines = ["damage", *_table(_HEADER, rows), ""]
+    total = sum(r.cases for r in results)
+    lines.append(
+        f"{total} damage cases: {sum(r.total('fail_closed') for r in results)} failed closed, "
+        f"{sum(r.total('exact') for r in results)} opened exactly, "
+        f"{sum(r.total('silent_loss') for r in results)} silent losses, "
+        f"{sum(r.violations for r in results)} violations, {sum(r.seconds for r in results):.1f} s"
+    )
+    examples = [e for r in results for e in r.examples]
+    lines += [f"  {e}" for e in examples[:max_examples]]
+    return "\n".join(lines)
