@@ -26,6 +26,7 @@ from .errors import AfterwordError
 from .legacy import MigrationError
 from .operator import OperatorClient, OperatorError, read_metrics_token, read_operator_token
 from .store import StoreError, StoreLockedError
+from .wal import WalError
 
 EXIT_HEALTH = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 EXIT_UNREACHABLE = 3
@@ -304,6 +305,22 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when the state opens cleanly, 2 when it is damaged."""
+    from .doctor import diagnose, render
+
+    if args.state_dir is not None:
+        state_dir = args.state_dir
+    else:
+        state_dir = resolve_config(args.config, check_secrets=False).state_dir
+    diagnosis = diagnose(state_dir)
+    if args.json:
+        _print_json(diagnosis)
+    else:
+        print(render(diagnosis))
+    return 0 if diagnosis.healthy else 2
+
+
 # -- parser ---------------------------------------------------------------------------------------
 _CONFIG_HELP = (
     "the afterword.json the service runs with (default: ./afterword.json if present, else the "
@@ -489,6 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(mk)
     mk.add_argument("output", metavar="PATH", help="file to write (created 0600; an existing file is replaced)")
     mk.set_defaults(func=cmd_metrics_token)
+    dr = csub.add_parser(
+        "doctor", help="read-only: what in the state directory is damaged and how to restore it"
+    )
+    common(dr)
+    dr.add_argument("--state-dir", help="check this directory (e.g. a backup) instead of the config's")
+    dr.add_argument("--json", action="store_true")
+    dr.set_defaults(func=cmd_doctor)
 
     try:
         from .tasks.cli import add_tasks_parser
@@ -557,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args, exc.code, _operator_message(exc, args), EXIT_UNREACHABLE if exc.status == 0 else 1)
     except CliError as exc:
         return _report(args, exc.kind, str(exc), exc.code)
-    except (StoreError, DiskError) as exc:
+    except (StoreError, WalError, DiskError) as exc:
         return _report(args, "state_dir", f"state directory problem: {exc}", 1)
     except KeyboardInterrupt:
         return 130

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,6 +12,7 @@ import anyio
 from .blobs import BlobStore
 from .config import Config, load_config
 from .continuations.errors import ServiceDisabled
+from .continuations.model import Continuation
 from .http.server import HttpServer
 from .legacy import open_state
 from .service import ContinuationService, wall_clock_ms
@@ -30,11 +31,15 @@ async def open_service(
     clock_ms: Callable[[], int] = wall_clock_ms,
     environ: Mapping[str, str] | None = None,
     store_options: StoreOptions | None = None,
+    on_change: Sequence[Callable[[Continuation | None, Continuation], None]] = (),
 ) -> AsyncIterator[ContinuationService]:
     """Open the state directory, recover, serve HTTP and run the worker until exit.
 
     Raises ServiceDisabled (before touching the state directory) when the configuration sets
     ``continuations.enabled: false``.
+
+    ``on_change`` callbacks are attached before startup recovery, so the state changes
+    recovery makes (an interrupted synthesis dead-lettered, ...) reach them too.
 
     On exit the HTTP server stops admitting, in-flight work drains within a bound, and the
     store is closed (everything acknowledged is already durable). ``store_options`` exists for
@@ -55,6 +60,7 @@ async def open_service(
         from .worker.compose import attach_worker  # the worker layer sits above the service
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
+        service.on_change.extend(on_change)  # before anything at startup changes a record
         # Deliveries a crash interrupted on a channel that can prove what it holds are
         # settled first; recovery then declares only the truly unprovable ones unknown.
         await worker.reconcile_interrupted()

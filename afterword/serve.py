@@ -66,6 +66,12 @@ def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
     return _line.encode(event) + b"\n"
 
 
+def log_change(old: Continuation | None, new: Continuation) -> None:
+    if old is None or old.state != new.state or old.origin_context != new.origin_context:
+        sys.stderr.buffer.write(state_change_line(old, new))
+        sys.stderr.flush()
+
+
 async def serve(config: Config, outbox: str | None = None) -> int:
     root = logging.getLogger("afterword")
     root.setLevel(logging.WARNING)
@@ -87,14 +93,8 @@ async def _serve(config: Config, outbox: str | None) -> int:
             k: OutboxAdapter(outbox) for k, c in config.channels.items() if isinstance(c, OutboxChannel)
         }
     try:
-        async with open_service(config, channels=channels or None) as service:
-
-            def log_change(old: Continuation | None, new: Continuation) -> None:
-                if old is None or old.state != new.state or old.origin_context != new.origin_context:
-                    sys.stderr.buffer.write(state_change_line(old, new))
-                    sys.stderr.flush()
-
-            service.on_change.append(log_change)
+        # The log is attached before recovery runs: its changes are state changes too.
+        async with open_service(config, channels=channels or None, on_change=[log_change]):
             sys.stderr.write(f"afterword serving on {config.base_url} (state {config.state_dir})\n")
             for detached in missing_detached_tokens(config):
                 sys.stderr.write(
