@@ -51,6 +51,20 @@ class ServiceCollector(Collector):
             yield CounterMetricFamily(
                 "afterword_http_accept_failures", "Failed accept() calls", value=acceptor.accept_failures
             )
+        problem = svc.store.storage_problem()
+        storage = GaugeMetricFamily(
+            "afterword_storage_problem",
+            "1 while writes to the state directory fail, by cause (storage_full, disk_failed)",
+            labels=["cause"],
+        )
+        for cause in ("storage_full", "disk_failed"):
+            storage.add_metric([cause], 1 if problem is not None and problem[0] == cause else 0)
+        yield storage
+        yield CounterMetricFamily(
+            "afterword_storage_full_refusals",
+            "Writes refused, with nothing changed, because the file system had no space",
+            value=svc.store.root.storage_full_total,
+        )
         wal = svc.store.wal.stats
         yield CounterMetricFamily(
             "afterword_wal_commits", "Transactions committed to the WAL", value=wal.commits

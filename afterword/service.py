@@ -14,6 +14,7 @@ import hmac
 import logging
 import os
 import secrets
+import shlex
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -788,6 +789,23 @@ class ContinuationService:
         return compacted, dropped, len(swept)
 
     # -- operator ----------------------------------------------------------------------------
+    def storage_cause(self) -> HealthCauseBody | None:
+        """The store's write failure as a health cause (it outranks every record cause)."""
+        problem = self.store.storage_problem()
+        if problem is None:
+            return None
+        code, _detail = problem
+        doctor = "afterword continuations doctor" + (
+            f" --config {shlex.quote(self.config.config_path)}" if self.config.config_path else ""
+        )
+        if code == "storage_full" and self.store.root.failed is None:
+            message = "the state directory's file system is full: writes are refused until space is freed"
+        elif code == "storage_full":
+            message = "a write failed for lack of space: free space, then restart the service"
+        else:
+            message = "a write or fsync to the state directory failed: fix the disk, then restart the service"
+        return HealthCauseBody(code=code, status="unhealthy", count=1, message=message, ids=[], commands=[doctor])
+
     def continuation_health(self) -> HealthBody:
         """Health from the current records; each cause names its ids and the command that
         clears it."""
@@ -797,12 +815,14 @@ class ContinuationService:
             id_limit=HEALTH_ID_LIMIT,
             config_path=self.config.config_path,
         )
+        storage = self.storage_cause()
         return HealthBody(
-            status=report.status,
+            status="unhealthy" if storage is not None else report.status,
             counts=dict(report.counts),
             history_unrecorded=report.history_unrecorded,
             active=report.active,
-            causes=[
+            causes=([storage] if storage is not None else [])
+            + [
                 HealthCauseBody(
                     code=c.code,
                     status=c.status,

@@ -1,6 +1,13 @@
 """The disk seam: every file-system effect of afterword passes through here."""
 
-from .errors import DiskError, DiskFailedError, DurabilityError, UnsafeStateError
+from .errors import (
+    DiskError,
+    DiskFailedError,
+    DurabilityError,
+    StorageFullError,
+    UnsafeStateError,
+    storage_errno,
+)
 from .private import write_private_file
 from .safe import DIR_MODE, FILE_MODE, FileHandle, StateRoot, is_temp_name
 from .seam import Disk, NoSyncDisk, OsDisk
@@ -16,7 +23,9 @@ __all__ = [
     "NoSyncDisk",
     "OsDisk",
     "StateRoot",
+    "StorageFullError",
     "UnsafeStateError",
     "is_temp_name",
+    "storage_errno",
     "write_private_file",
 ]

@@ -10,7 +10,11 @@
 
 from __future__ import annotations
 
+import errno
+
 from ..errors import AfterwordError, StateError
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class DiskError(AfterwordError):
@@ -43,6 +47,24 @@ class DurabilityError(DiskError, StateError):
         self.operation = operation
         self.errno = errno_
         super().__init__(f"{path}: {operation} failed (errno {errno_}); state must be reopened")
+
+
+class StorageFullError(DiskError, StateError):
+    """The file system has no space (ENOSPC/EDQUOT) for a new file; nothing was changed.
+
+    Raised only where the failed work was discarded whole (a temporary file), so the state
+    directory stays writable and a retry can succeed once space is freed.
+    """
+
+    def __init__(self, path: str, errno_: int | None) -> None:
+        self.path = path
+        self.errno = errno_
+        super().__init__(f"{path}: no space left to create it (errno {errno_}); free space and retry")
+
+
+def storage_errno(exc: BaseException) -> bool:
+    """True when ``exc`` is (or records) an out-of-space failure."""
+    return getattr(exc, "errno", None) in _FULL_ERRNOS
 
 
 class DiskFailedError(DiskError, StateError):

@@ -22,7 +22,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .errors import DiskFailedError, DurabilityError, UnsafeStateError
+from .errors import DiskFailedError, DurabilityError, StorageFullError, UnsafeStateError, storage_errno
 from .seam import Disk, OsDisk
 
 DIR_MODE = 0o700
@@ -85,6 +85,10 @@ class StateRoot:
         self.disk: Disk = disk if disk is not None else OsDisk()
         self.euid = os.geteuid()
         self._failed: Exception | None = None
+        # The last write refused for lack of space, until a write succeeds (not a poison:
+        # a refused write changed nothing durable).
+        self.full: StorageFullError | None = None
+        self.storage_full_total = 0
         if create:
             self._make_root()
         self._check_root()
@@ -347,7 +351,16 @@ class StateRoot:
         temp_rel = (head + "/" if head else "") + f".{name}{TEMP_MARK}{os.getpid()}-{next(_temp_counter)}"
         handle = self.open_file(temp_rel, writable=True, create=True)
         try:
-            self.pwrite(handle, data, 0)
+            try:
+                self.disk.pwrite(handle.fd, data, 0)
+            except OSError as exc:
+                # Only the temporary saw the failed write: it is discarded and nothing durable
+                # changed, so a full disk leaves the root writable for a retry.
+                if storage_errno(exc):
+                    raise self._full(rel, exc) from None
+                err = DurabilityError(handle.path, "write", exc.errno)
+                self._failed = err
+                raise err from None
             self.fsync(handle)
             self.check_identity(handle)
         except BaseException:
@@ -362,6 +375,58 @@ class StateRoot:
             raise
         if sync_dir:
             self.sync_dir(head)
+        self.full = None
+
+    def create_whole(self, rel: str, size: int, *, zero_fill: bool) -> FileHandle:
+        """Create ``rel`` at ``size`` bytes whole or not at all, and return it open for writing.
+
+        The file is made under a temporary name (zeros written, or ``ftruncate`` when not
+        ``zero_fill``), fsynced, renamed into place and the directory fsynced. Running out of
+        space before the rename raises :class:`StorageFullError` and leaves nothing behind,
+        without poisoning the root: nothing durable changed, so a later retry is safe.
+        """
+        self.check_writable()
+        head, name = self._split(rel)
+        temp_rel = (head + "/" if head else "") + f".{name}{TEMP_MARK}{os.getpid()}-{next(_temp_counter)}"
+        temp_path = self.path(temp_rel)
+        try:
+            handle = self.open_file(temp_rel, writable=True, create=True)
+        except OSError as exc:
+            if storage_errno(exc):
+                raise self._full(rel, exc) from None
+            raise
+        try:
+            try:
+                if zero_fill:
+                    chunk = b"\x00" * min(size, 1 << 20)
+                    for off in range(0, size, len(chunk)):
+                        self.disk.pwrite(handle.fd, chunk[: min(len(chunk), size - off)], off)
+                else:
+                    self.disk.ftruncate(handle.fd, size)
+                self.disk.fsync(handle.fd)
+            except OSError as exc:
+                if storage_errno(exc):
+                    raise self._full(rel, exc) from None
+                # Anything else is the disk failing: as fatal as any failed fsync.
+                err = DurabilityError(temp_path, "create", exc.errno)
+                self._failed = err
+                raise err from None
+            self.check_identity(handle)
+            self.disk.rename(temp_path, self.path(rel))
+        except BaseException:
+            self.close(handle)
+            self._discard(temp_path)
+            raise
+        handle.path = self.path(rel)
+        self.sync_dir(head)
+        self.full = None
+        return handle
+
+    def _full(self, rel: str, exc: OSError) -> StorageFullError:
+        err = StorageFullError(self.path(rel), exc.errno)
+        self.full = err
+        self.storage_full_total += 1
+        return err
 
     def _discard(self, path: str) -> None:
         try:

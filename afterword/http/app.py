@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
 from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
+from ..disk import DiskError, StorageFullError
 from ..service import ContinuationService
 from ..wire import (
     ClaimRequest,
@@ -124,6 +125,9 @@ def allowed_hosts(host: str, port: int) -> frozenset[str]:
     return frozenset(names | {f"{name}:{port}" for name in names})
 
 
+STORAGE_RETRY_AFTER_S = 5
+
+
 def create_app(service: ContinuationService) -> Quart:
     """Build the HTTP facade for ``service`` (served on loopback only by ``serve``)."""
     app = Quart("afterword.http", root_path=os.path.dirname(os.path.abspath(__file__)))
@@ -142,6 +146,23 @@ def create_app(service: ContinuationService) -> Quart:
     @app.errorhandler(ContinuationError)
     async def _domain_error(exc: ContinuationError) -> Response:
         return error_response(exc.status, exc.code, str(exc))
+
+    @app.errorhandler(DiskError)
+    async def _storage_error(exc: DiskError) -> Response:
+        # Out of space before anything was written: the store stays writable and a retry
+        # succeeds once space is freed. Any other disk failure needs a restart first.
+        if isinstance(exc, StorageFullError):
+            response = error_response(
+                503, "storage_full", "the state directory's file system is full; retry later"
+            )
+            response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
+            return response
+        problem = service.store.storage_problem()
+        code = problem[0] if problem is not None else "disk_failed"
+        log.error("storage failure handling %s: %s", request.method, type(exc).__name__)
+        return error_response(
+            503, code, "the service cannot write its state; an operator must fix the disk and restart it"
+        )
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ..disk import Disk, StateRoot, UnsafeStateError
+from ..disk import Disk, StateRoot, UnsafeStateError, storage_errno
 from ..wal import NamedSegment, WalOptions, WriteAheadLog
 from ..wal.frame import SEGMENT_MAGIC
 from ..wal.reader import read_segment_images
@@ -257,6 +257,7 @@ class RecordStore:
         self.replayed = len(frames)
         self._durable_lsn = self._wal.next_lsn - 1
         self._wal.on_segment_start = self._name_new_segment
+        self._wal.on_rollback = self._void_from
         if self.manifest.format != FORMAT:
             log.warning("store: upgrading %s from %s to %s", root.root, self.manifest.format, FORMAT)
             self.checkpoint_sync()
@@ -282,6 +283,28 @@ class RecordStore:
             manifest = msgspec.structs.replace(base, **fields)
             self.root.write_atomic(MANIFEST, encode_manifest(manifest))
             self.manifest = manifest
+
+    def _void_from(self, first_lsn: int) -> None:
+        # The log refused a batch before writing it (no space): forget the transactions
+        # from first_lsn on; their callers get StorageFullError and their lsns are reused.
+        self._unapplied = deque(item for item in self._unapplied if item[0] < first_lsn)
+        self._inflight = {}
+        for lsn, ops in self._unapplied:
+            for op in ops:
+                self._inflight[op.key] = (lsn, op.value is not None)
+
+    def storage_problem(self) -> tuple[str, str] | None:
+        """``("storage_full" | "disk_failed", detail)`` while writes fail, else None.
+
+        ``storage_full`` without a failed root clears by itself once space is freed; a failed
+        root (a write or fsync failed midway) needs a restart.
+        """
+        failed = self.root.failed
+        if failed is not None:
+            return ("storage_full" if storage_errno(failed) else "disk_failed", str(failed))
+        if self.root.full is not None:
+            return "storage_full", str(self.root.full)
+        return None
 
     def _name_new_segment(self) -> None:
         # In the WAL's writing thread: the new life's header is durable; name it before any

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.lowlevel
 
-from ..disk import FileHandle, StateRoot
+from ..disk import FileHandle, StateRoot, StorageFullError
 from .errors import TransactionTooLarge, WalClosedError
 from .frame import (
     SEGMENT_HEADER_SIZE,
@@ -35,7 +35,6 @@ from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_cha
 log = logging.getLogger("afterword.wal")
 MiB = 1024 * 1024
 SEGMENT_SUFFIX = ".seg"
-_ZERO_CHUNK = b"\x00" * MiB
 
 # fsync latency histogram bucket upper bounds, seconds (exponential, as etcd does).
 FSYNC_BUCKETS: tuple[float, ...] = tuple(0.0001 * 2**i for i in range(16))
@@ -120,10 +119,14 @@ class WriteAheadLog:
         self._open_batch = _Batch()
         self._leader = False
         self._closed = False
+        self._frames_written = False
         # Called (in the writing thread, under the write lock) once a new segment life's
         # header is durable and before any frame is written into it; the record store names
         # the life in its MANIFEST there, so a named segment that is gone is proof of damage.
         self.on_segment_start: Callable[[], None] | None = None
+        # Called (in the event loop) when a group write ran out of space before writing
+        # anything: every lsn from the argument on is void and will be assigned again.
+        self.on_rollback: Callable[[int], None] | None = None
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod
@@ -277,26 +280,47 @@ class WriteAheadLog:
                 f"transaction of {len(payload)} bytes exceeds {self.options.max_payload}"
             )
 
-    def _new_slot(self) -> _Segment:
-        free = sorted(s for s, seg in self._segments.items() if seg.header is None)
-        for slot in free:
+    def _free_slots(self) -> list[_Segment]:
+        out = []
+        for slot in sorted(s for s, seg in self._segments.items() if seg.header is None):
             seg = self._segments[slot]
             if self.root.disk.fstat(seg.handle.fd).st_size == self.options.segment_size:
-                return seg
+                out.append(seg)
+        return out
+
+    def _new_slot(self) -> _Segment:
+        free = self._free_slots()
+        return free[0] if free else self._create_slot()
+
+    def _create_slot(self) -> _Segment:
+        """A new zero-filled slot, created whole or not at all (``StorageFullError``)."""
         slot = max(self._segments, default=-1) + 1
-        rel = self._slot_rel(slot)
-        handle = self.root.open_file(rel, writable=True, create=True)
-        size = self.options.segment_size
-        if self.options.zero_fill:
-            for off in range(0, size, MiB):
-                self.root.pwrite(handle, _ZERO_CHUNK[: min(MiB, size - off)], off)
-        else:
-            self.root.truncate(handle, size)
-        self.root.fsync(handle)
-        self.root.sync_dir(self.rel_dir)
+        handle = self.root.create_whole(
+            self._slot_rel(slot), self.options.segment_size, zero_fill=self.options.zero_fill
+        )
         seg = _Segment(slot, handle)
         self._segments[slot] = seg
         return seg
+
+    def _slots_needed(self, items: Sequence[tuple[int, bytes]]) -> int:
+        """How many new segment lives writing ``items`` will start."""
+        need = 0
+        offset = self._tail_offset
+        present = self._tail is not None
+        for _, payload in items:
+            size = frame_size(len(payload))
+            if not present or offset + size > self.options.segment_size:
+                need += 1
+                offset, present = SEGMENT_HEADER_SIZE, True
+            offset += size
+        return need
+
+    def _prepare_slots(self, items: Sequence[tuple[int, bytes]]) -> None:
+        # Before the first byte of the batch is written: running out of space here leaves
+        # the log exactly as it was, so the batch can be refused without poisoning the root.
+        need = self._slots_needed(items) - len(self._free_slots())
+        for _ in range(need):
+            self._create_slot()
 
     def write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
         """Write ``(lsn, payload)`` items as one durable batch (synchronous; the leader's job).
@@ -306,8 +330,23 @@ class WriteAheadLog:
         if not items:
             return
         with self._write_lock:
+            self.root.check_writable()
+            try:
+                self._prepare_slots(items)
+            except StorageFullError:
+                raise  # nothing written (the root noted it)
+            except Exception as exc:
+                self.root.fail(exc)
+                raise
+            self._frames_written = False
             try:
                 self._write_batch(items)
+                self.root.full = None
+            except StorageFullError as exc:
+                if self._frames_written:
+                    self.root.fail(exc)
+                # else refused before any frame was written: the log is as it was
+                raise
             except Exception as exc:
                 # A batch that failed midway leaves this object's tail, lsns and segment
                 # headers ahead of (or apart from) the files: poison the root so that no later
@@ -315,9 +354,55 @@ class WriteAheadLog:
                 self.root.fail(exc)
                 raise
 
+    def _start_lives(self, items: Sequence[tuple[int, bytes]]) -> list[_Segment]:
+        """Start, before any frame of the batch is written, every segment life it needs.
+
+        With a MANIFEST to keep (``on_segment_start``): each header is written and made
+        durable, then the MANIFEST names the lives; no crash can leave a named life without
+        its header. If naming fails for lack of space the lives are forgotten again (their
+        headers are zeroed again; a crash before that leaves an empty unnamed life, which
+        replay passes over) and ``StorageFullError`` leaves the log as it was.
+        """
+        lives: list[_Segment] = []
+        offset = self._tail_offset
+        present = self._tail is not None
+        for lsn, payload in items:
+            size = frame_size(len(payload))
+            if not present or offset + size > self.options.segment_size:
+                seg = self._new_slot()
+                seg.header = SegmentHeader(self._next_seq, secrets.randbits(64) | 1, lsn)
+                seg.named = self.on_segment_start is None
+                self._next_seq += 1
+                lives.append(seg)
+                offset, present = SEGMENT_HEADER_SIZE, True
+            offset += size
+        if not lives or self.on_segment_start is None:
+            return lives
+        for seg in lives:
+            assert seg.header is not None
+            self._pwrite(seg, [encode_segment_header(seg.header)], 0)
+            self.root.fdatasync(seg.handle)
+            seg.named = True
+            self._chain.append(seg.slot)
+        try:
+            self.on_segment_start()
+        except StorageFullError:
+            # Unname the lives on disk too (zero their headers) and hand their seqs out
+            # again: a stray header with a seq the next life also takes would read as a gap.
+            for seg in lives:
+                self._pwrite(seg, [b"\x00" * SEGMENT_HEADER_SIZE], 0)
+                self.root.fdatasync(seg.handle)
+                seg.header, seg.named = None, False
+                self._chain.remove(seg.slot)
+            self._next_seq -= len(lives)
+            raise
+        return lives
+
     def _write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
         self.root.check_writable()
         batch_start = items[0][0]
+        lives = iter(self._start_lives(items))
+        self._frames_written = True
         touched: list[_Segment] = []
         parts: list[bytes] = []
         part_offset = self._tail_offset
@@ -327,27 +412,15 @@ class WriteAheadLog:
             if seg is None or self._tail_offset + size > self.options.segment_size:
                 if seg is not None and parts:
                     self._pwrite(seg, parts, part_offset)
-                seg = self._new_slot()
-                header = SegmentHeader(self._next_seq, secrets.randbits(64) | 1, lsn)
-                self._next_seq += 1
-                seg.header = header
-                seg.named = False
-                self._chain.append(seg.slot)
+                seg = next(lives)
+                assert seg.header is not None and seg.header.first_lsn == lsn
                 self._tail = seg
                 self._tail_offset = SEGMENT_HEADER_SIZE
                 if self.on_segment_start is not None:
-                    # Header first and durable, then the MANIFEST names the life, then frames:
-                    # no crash can then leave a named life without its header.
-                    self._pwrite(seg, [encode_segment_header(header)], 0)
-                    self.root.fdatasync(seg.handle)
-                    seg.named = True
-                    self.on_segment_start()
-                    parts = []
-                    part_offset = SEGMENT_HEADER_SIZE
+                    parts, part_offset = [], SEGMENT_HEADER_SIZE  # header already durable
                 else:
-                    seg.named = True
-                    parts = [encode_segment_header(header)]
-                    part_offset = 0
+                    self._chain.append(seg.slot)
+                    parts, part_offset = [encode_segment_header(seg.header)], 0
             if seg not in touched:
                 touched.append(seg)
             assert seg.header is not None
@@ -441,6 +514,8 @@ class WriteAheadLog:
                         await anyio.to_thread.run_sync(self.write_batch, items)
                 except BaseException as exc:
                     current.error = exc
+                    if isinstance(exc, StorageFullError) and self.root.failed is None:
+                        self._void_from(items[0][0], exc)
                     raise
                 finally:
                     current.done = True
@@ -457,6 +532,19 @@ class WriteAheadLog:
             stranded = self._open_batch
             woken, stranded.event = stranded.event, anyio.Event()
             woken.set()
+
+    def _void_from(self, first_lsn: int, exc: StorageFullError) -> None:
+        """A batch was refused before anything was written: its lsns and those queued after
+        it are void. Fail every waiter and hand the lsns out again, so the log never holds
+        a hole (which replay would read as lost data)."""
+        self.next_lsn = first_lsn
+        self._pending = []
+        stranded, self._open_batch = self._open_batch, _Batch()
+        stranded.error = exc
+        stranded.done = True
+        stranded.event.set()
+        if self.on_rollback is not None:
+            self.on_rollback(first_lsn)
 
     async def commit(self, payload: bytes) -> int:
         """Append ``payload`` durably and return its lsn (group commit)."""

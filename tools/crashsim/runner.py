@@ -436,8 +436,14 @@ def run_fault(
 
 
 def _acks_after_failure(recording: Recording, plan: FaultPlan) -> list[Finding]:
-    """After a durability failure nothing may be acknowledged until the state is reopened."""
-    if plan.kind not in DURABILITY_KINDS:
+    """After a durability failure nothing may be acknowledged until the state is reopened.
+
+    Exception: ENOSPC on a write. Where it hits a temporary file or a segment being created,
+    nothing durable changed and the store refuses only that write (``StorageFullError``)
+    and goes on; the integrity checker still requires the reopened state to hold exactly
+    the acknowledged operations. ENOSPC anywhere else still poisons the store.
+    """
+    if plan.kind not in DURABILITY_KINDS or (plan.kind == "write" and plan.errno == "ENOSPC"):
         return []
     failed_at: str | None = None
     late: list[int] = []
