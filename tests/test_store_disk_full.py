@@ -31,6 +31,12 @@ class FullDisk(OsDisk):
 
     def __init__(self) -> None:
         self.full = False
+        self.eio = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.eio:
+            raise OSError(errno.EIO, "Input/output error")
+        super().fdatasync(fd)
 
     def pwrite(self, fd: int, data: bytes, offset: int) -> None:
         if self.full and offset + len(data) > os.fstat(fd).st_size:
@@ -184,3 +190,32 @@ async def test_service_answers_503_storage_full_with_retry_after_and_health_says
         assert h.service.continuation_health().causes == [] or all(
             c.code != "storage_full" for c in h.service.continuation_health().causes
         )
+
+
+@pytest.mark.anyio
+async def test_a_failed_fsync_is_503_disk_failed_without_retry_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _service import DETACHED_TOKEN, deadline
+    from fakes.harness import make_config, running
+
+    disk = FullDisk()
+    monkeypatch.setattr(safe, "OsDisk", lambda: disk)
+    config, env = make_config(tmp_path)
+    async with running(config, env, run_worker=False) as h:
+        disk.eio = True
+        answers = []
+        for key in ("t-1", "t-2"):
+            answers.append(
+                await h.producer.client.post(
+                    f"{config.base_url}/v1/continuations/detached/claim",
+                    headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
+                    json={"route": "verification", "taskKey": key, "taskHash": "h-" + key, "deadline": deadline()},
+                )
+            )
+        for answer in answers:  # the failing write, then a write refused by the failed store
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "disk_failed", answer.text
+            assert "Retry-After" not in answer.headers
+        health = h.service.continuation_health()
+        assert health.status == "unhealthy" and health.causes[0].code == "disk_failed"
+        disk.eio = False

@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
 from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
-from ..disk import DiskError, StorageFullError
+from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
 from ..service import ContinuationService
 from ..wire import (
     ClaimRequest,
@@ -147,7 +147,9 @@ def create_app(service: ContinuationService) -> Quart:
     async def _domain_error(exc: ContinuationError) -> Response:
         return error_response(exc.status, exc.code, str(exc))
 
-    @app.errorhandler(DiskError)
+    @app.errorhandler(StorageFullError)
+    @app.errorhandler(DiskFailedError)
+    @app.errorhandler(DurabilityError)
     async def _storage_error(exc: DiskError) -> Response:
         # Out of space before anything was written: the store stays writable and a retry
         # succeeds once space is freed. Any other disk failure needs a restart first.
