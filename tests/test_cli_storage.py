@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from _cli import Server, run_cli
 from _disk_helpers import snapshot
-from _service import write_config
+from _service import DETACHED_TOKEN, write_config
 from fakes.harness import make_config, running
 from fakes.producer import reply_run
 
+from afterword.cli import main
 from afterword.continuations import lifecycle
 from afterword.store import Put, RecordStore
 
@@ -29,28 +30,48 @@ def _state_with_records(tmp_path: Path) -> tuple[Path, Path]:
     return config, state
 
 
-def _one_line_refusal(config: Path, rule: str) -> None:
-    done = run_cli("serve", config=config)
+class Done:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> Done:
+    """The CLI in this process (an exception escaping main() is what prints a traceback)."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return Done(code, out.out, out.err)
+
+
+def _one_line_refusal(capsys: pytest.CaptureFixture[str], config: Path, rule: str) -> str:
+    done = _cli(capsys, "serve", "--config", str(config))
     assert done.returncode == 1
-    assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("afterword: ") and rule in lines[0], done.stderr
+    return lines[0]
 
 
-def test_item7_garbage_owner_db_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+def test_item7_garbage_owner_db_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, state = _state_with_records(tmp_path)
     (state / "owner.db").write_bytes(os.urandom(8192))
-    _one_line_refusal(config, "bad_lock_file")
-    assert str(state / "owner.db") in run_cli("serve", config=config).stderr
+    assert str(state / "owner.db") in _one_line_refusal(capsys, config, "bad_lock_file")
+    done = run_cli("serve", config=config)  # the real command line too: no traceback
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "bad_lock_file" in done.stderr
 
 
-def test_item7_damaged_log_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+def test_item7_damaged_log_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config, state = _state_with_records(tmp_path)
     manifest = json.loads((state / "MANIFEST").read_text())
     slot = manifest["segments"][-1][0]
     with open(state / "wal" / f"{slot:08d}.seg", "r+b") as fh:
         fh.write(b"\0" * 64)
-    _one_line_refusal(config, "segment_replaced")
+    _one_line_refusal(capsys, config, "segment_replaced")
+
+
+@pytest.fixture(autouse=True)
+def _detached_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AFTERWORD_TEST_DETACHED_TOKEN", DETACHED_TOKEN)  # the config names it
 
 
 @pytest.mark.anyio
@@ -72,27 +93,31 @@ async def test_item8_recovery_changes_are_logged_by_serve(tmp_path: Path) -> Non
     ).items()
 
 
-def test_doctor_explains_damage_without_changing_anything(tmp_path: Path) -> None:
+def test_doctor_explains_damage_without_changing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, state = _state_with_records(tmp_path)
-    ok = run_cli("continuations", "doctor", config=config)
+    ok = _cli(capsys, "continuations", "doctor", "--config", str(config))
     assert ok.returncode == 0 and "opens cleanly" in ok.stdout and "records 4" in ok.stdout
     (state / "secret").unlink()
     before = snapshot(str(state))
-    bad = run_cli("continuations", "doctor", config=config)
+    bad = _cli(capsys, "continuations", "doctor", "--config", str(config))
     assert bad.returncode == 2, bad.stderr
     assert "DAMAGED" in bad.stdout and "secret_missing" in bad.stdout and "Restore `secret`" in bad.stdout
     assert str(state / "secret") in bad.stdout
-    as_json = json.loads(run_cli("continuations", "doctor", "--json", config=config).stdout)
+    as_json = json.loads(_cli(capsys, "continuations", "doctor", "--json", "--config", str(config)).stdout)
     assert as_json["healthy"] is False and as_json["rule"] == "secret_missing"
     assert snapshot(str(state)) == before
 
 
-def test_doctor_checks_a_backup_directory_and_reads_beside_a_running_owner(tmp_path: Path) -> None:
+def test_doctor_checks_a_backup_directory_and_reads_beside_a_running_owner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, state = _state_with_records(tmp_path)
     with RecordStore.open(str(state)) as store:  # the owner holds the lock meanwhile
         store.transact_sync([Put("x:more", b"v")])
-        done = run_cli("continuations", "doctor", "--state-dir", str(state))
+        done = _cli(capsys, "continuations", "doctor", "--state-dir", str(state))
         assert done.returncode == 0 and "records 5" in done.stdout, done.stdout + done.stderr
     (state / "wal").rename(tmp_path / "wal-gone")
-    done = run_cli("continuations", "doctor", "--state-dir", str(state))
+    done = _cli(capsys, "continuations", "doctor", "--state-dir", str(state))
     assert done.returncode == 2 and "segment_missing" in done.stdout, done.stdout
