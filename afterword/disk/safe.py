@@ -396,6 +396,7 @@ class StateRoot:
                 raise self._full(rel, exc) from None
             raise
         try:
+            operation = "write"
             try:
                 if zero_fill:
                     chunk = b"\x00" * min(size, 1 << 20)
@@ -403,12 +404,13 @@ class StateRoot:
                         self.disk.pwrite(handle.fd, chunk[: min(len(chunk), size - off)], off)
                 else:
                     self.disk.ftruncate(handle.fd, size)
+                operation = "fsync"
                 self.disk.fsync(handle.fd)
             except OSError as exc:
                 if storage_errno(exc):
                     raise self._full(rel, exc) from None
                 # Anything else is the disk failing: as fatal as any failed fsync.
-                err = DurabilityError(temp_path, "create", exc.errno)
+                err = DurabilityError(self.path(rel), operation, exc.errno)
                 self._failed = err
                 raise err from None
             self.check_identity(handle)

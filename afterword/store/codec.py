@@ -56,6 +56,7 @@ class SegmentRef(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
     seq: int
     salt: str  # 16 hex digits (fixed width keeps MANIFEST sizes independent of the salt)
     first_lsn: int
+    size: int  # bytes of the slot file (segment sizes are configurable)
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

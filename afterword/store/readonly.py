@@ -139,8 +139,7 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         start_seq=manifest.wal_start_seq,
         checkpoint_lsn=manifest.checkpoint_lsn,
         max_payload=options.wal.max_payload,
-        segment_size=options.wal.segment_size,
-        named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn) for r in manifest.segments],
+        named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn, r.size) for r in manifest.segments],
         acked_lsn=manifest.acked_lsn,
     )
     check = ReplayCheck(

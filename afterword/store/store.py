@@ -244,7 +244,7 @@ class RecordStore:
             start_seq=self.manifest.wal_start_seq,
             checkpoint_lsn=self.manifest.checkpoint_lsn,
             options=self.options.wal,
-            named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn) for r in self.manifest.segments],
+            named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn, r.size) for r in self.manifest.segments],
             acked_lsn=self.manifest.acked_lsn,
             before_free=self._forget_segments,
         )
@@ -276,7 +276,7 @@ class RecordStore:
             start = fields.get("wal_start_seq", base.wal_start_seq)
             if "segments" not in changes and hasattr(self, "_wal"):
                 fields["segments"] = tuple(
-                    SegmentRef(slot=r.slot, seq=r.seq, salt=f"{r.salt:016x}", first_lsn=r.first_lsn)
+                    SegmentRef(slot=r.slot, seq=r.seq, salt=f"{r.salt:016x}", first_lsn=r.first_lsn, size=r.size)
                     for r in self._wal.live_segments(start)
                 )
             fields["generation"] = self._generation(fields.get("checkpoint_lsn", base.checkpoint_lsn))

@@ -95,6 +95,7 @@ class _Batch:
 class _Segment:
     slot: int
     handle: FileHandle
+    size: int = 0  # bytes of the slot file
     header: SegmentHeader | None = None  # None: free slot
     named: bool = False  # header durable, so a MANIFEST may name this life
 
@@ -182,10 +183,10 @@ class WriteAheadLog:
             size = root.disk.fstat(handle.fd).st_size
             # A slot of another size was made by another configuration or is damaged; it is
             # never reused, and a named one fails the evidence check below.
-            self._segments[slot] = _Segment(slot, handle)
+            self._segments[slot] = _Segment(slot, handle, size)
             images.append(SegmentImage(slot, root.pread(handle, size, 0)))
         wal_path = root.path(self.rel_dir)
-        check_named(named, images, segment_size=self.options.segment_size, start_seq=start_seq, wal_path=wal_path)
+        check_named(named, images, start_seq=start_seq, wal_path=wal_path)
         plan = scan_chain(
             images,
             start_seq=start_seq,
@@ -262,7 +263,7 @@ class WriteAheadLog:
             seg = self._segments.get(slot)
             header = seg.header if seg is not None else None
             if seg is not None and header is not None and seg.named and header.seq >= start_seq:
-                out.append(NamedSegment(slot, header.seq, header.salt, header.first_lsn))
+                out.append(NamedSegment(slot, header.seq, header.salt, header.first_lsn, seg.size))
         return out
 
     # -- writing -----------------------------------------------------------------------------
@@ -298,7 +299,7 @@ class WriteAheadLog:
         handle = self.root.create_whole(
             self._slot_rel(slot), self.options.segment_size, zero_fill=self.options.zero_fill
         )
-        seg = _Segment(slot, handle)
+        seg = _Segment(slot, handle, self.options.segment_size)
         self._segments[slot] = seg
         return seg
 

@@ -39,7 +39,6 @@ def read_chain(
     start_seq: int,
     checkpoint_lsn: int,
     max_payload: int,
-    segment_size: int,
     named: list[NamedSegment] | None = None,
     acked_lsn: int = 0,
 ) -> tuple[list[Frame], list[SegmentImage]]:
@@ -50,7 +49,7 @@ def read_chain(
     """
     images = read_segment_images(root, rel_dir)
     wal_path = root.path(rel_dir)
-    check_named(named or [], images, segment_size=segment_size, start_seq=start_seq, wal_path=wal_path)
+    check_named(named or [], images, start_seq=start_seq, wal_path=wal_path)
     plan = scan_chain(images, start_seq=start_seq, checkpoint_lsn=checkpoint_lsn, max_payload=max_payload)
     check_acked(plan.next_lsn, acked_lsn, wal_path)
     return plan.frames, images

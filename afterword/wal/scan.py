@@ -153,13 +153,13 @@ class NamedSegment(NamedTuple):
     seq: int
     salt: int
     first_lsn: int
+    size: int
 
 
 def check_named(
     named: list[NamedSegment],
     images: list[SegmentImage],
     *,
-    segment_size: int,
     start_seq: int,
     wal_path: str,
 ) -> None:
@@ -176,10 +176,8 @@ def check_named(
         image = by_slot.get(ref.slot)
         if image is None:
             raise WalEvidenceError(path, "segment_missing", f"MANIFEST names segment seq {ref.seq}")
-        if len(image.data) != segment_size:
-            raise WalEvidenceError(
-                path, "segment_short", f"{len(image.data)} bytes, a segment has {segment_size}"
-            )
+        if len(image.data) != ref.size:
+            raise WalEvidenceError(path, "segment_short", f"{len(image.data)} bytes, the segment had {ref.size}")
         header = decode_segment_header(image.data)
         if header is None or (header.seq, header.salt, header.first_lsn) != (ref.seq, ref.salt, ref.first_lsn):
             raise WalEvidenceError(
