@@ -511,7 +511,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(dr)
     dr.add_argument("--state-dir", help="check this directory (e.g. a backup) instead of the config's")
-    dr.add_argument("--json", action="store_true")
     dr.set_defaults(func=cmd_doctor)
 
     try:
