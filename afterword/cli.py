@@ -507,7 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("output", metavar="PATH", help="file to write (created 0600; an existing file is replaced)")
     mk.set_defaults(func=cmd_metrics_token)
     dr = csub.add_parser(
-        "doctor", help="read-only: what in the state directory is damaged and how to restore it"
+        "doctor",
+        help="read-only: what in the state directory is damaged and how to restore it",
+        description=(
+            "Read the state directory without locking or changing it (also while the service "
+            "runs) and say whether it opens cleanly; if not, which file breaks which rule and "
+            "what a restore from backup needs. Exit 0 clean, 2 damaged."
+        ),
     )
     common(dr)
     dr.add_argument("--state-dir", help="check this directory (e.g. a backup) instead of the config's")
