@@ -46,8 +46,6 @@ def test_every_command_argument_and_option_has_help(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("COLUMNS", "300")  # no line breaks inside the words checked below
     missing = []
     for prog, parser in _parsers(build_parser()):
-        if prog.startswith("afterword tasks"):
-            continue  # the task journal's commands are covered by tests/test_tasks_cli.py
         if parser.description is None and prog != "afterword":
             missing.append(f"{prog}: no description")
         for action in parser._actions:

@@ -85,16 +85,25 @@ def add_tasks_parser(subparsers: Any) -> None:
         default=None,
         help=f"task journal state directory (default: ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR})",
     )
-    tasks = subparsers.add_parser("tasks", help="inspect the background task journal")
+    tasks = subparsers.add_parser(
+        "tasks",
+        help="inspect the background task journal",
+        description="Read-only view of the background task journal; works while a host owns it.",
+    )
     actions = tasks.add_subparsers(dest="tasks_command", required=True)
-    listing = actions.add_parser("list", parents=[common], help="list tasks, oldest first")
+    listing = actions.add_parser(
+        "list", parents=[common], help="list tasks, oldest first", description="List tasks, oldest first."
+    )
     listing.add_argument("--session", default=None, help="only tasks of this session")
     listing.add_argument("--json", action="store_true", help='print {"items": [...]}')
     show = actions.add_parser(
-        "show", parents=[common], help="show one task and why it was or was not notified"
+        "show",
+        parents=[common],
+        help="show one task and why it was or was not notified",
+        description="Show one task: its command, end, and its notification and consumption facts.",
     )
-    show.add_argument("task_id")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("task_id", help="the task's id, as `afterword tasks list` prints it")
+    show.add_argument("--json", action="store_true", help="print the task as one JSON object")
     show.add_argument("--output", action="store_true", help="also print the captured output tail")
     tasks.set_defaults(handler=handle_tasks)
 
