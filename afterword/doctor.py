@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import msgspec
+
+from .continuations.model import decode_continuation, decode_tombstone
 from .disk import DiskError, UnsafeStateError
-from .store import StoreError, open_readonly
+from .repository import LIVE, TOMB
+from .store import StoreError, StoreView, open_readonly
 from .store.evidence import EvidenceError
 from .wal import WalError, WalEvidenceError
 
@@ -42,6 +46,11 @@ _ADVICE: dict[str, tuple[str, str]] = {
     ),
     "manifest_behind_records": ("MANIFEST is older than the record files (rolled back)", _RESTORE_ALL),
     "manifest_missing": ("MANIFEST is gone although the log holds data", _RESTORE_ALL),
+    "record_undecodable": (
+        "a committed continuation record does not decode, so the service refuses to open over it",
+        "Restore the state directory from a backup taken before the record was written; the key "
+        "names the record (its file is under records/).",
+    ),
     "bad_lock_file": (
         "owner.db (the ownership lock) is not an SQLite database; it holds no state",
         "With no host running, delete owner.db; the next start recreates it. No restore needed.",
@@ -88,6 +97,12 @@ def diagnose(state_dir: str) -> Diagnosis:
     except (StoreError, WalError, DiskError) as exc:
         d.healthy, d.rule, d.problem = False, "corrupt", str(exc)
     else:
+        bad = _undecodable_continuation(view)
+        if bad is not None:
+            d.healthy, d.rule, d.path = False, "record_undecodable", bad
+            d.problem = f"continuation record {bad!r} does not decode"
+            d.meaning, d.restore = _ADVICE["record_undecodable"]
+            return d
         d.facts = {
             "records": len(view),
             "lastLsn": view.lsn,
@@ -103,6 +118,17 @@ def diagnose(state_dir: str) -> Diagnosis:
         ("committed state is damaged (a file does not decode or the log is inconsistent)", _RESTORE_ALL),
     )
     return d
+
+
+def _undecodable_continuation(view: StoreView) -> str | None:
+    """The first continuation record the service's index could not load, if any."""
+    for prefix, decode in ((LIVE, decode_continuation), (TOMB, decode_tombstone)):
+        for record in view.items(prefix):
+            try:
+                decode(record.value)
+            except (msgspec.MsgspecError, ValueError):
+                return record.key
+    return None
 
 
 def _side_notes(state_dir: str) -> list[str]:

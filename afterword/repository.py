@@ -35,6 +35,8 @@ Watcher = Callable[[str, Record | None, Record | None], None]
 
 
 class IndexCorrupt(ContinuationError, StoreCorruptError):
+    key: str = ""  # the record that could not be indexed (shown by health)
+
     """A stored continuation record could not be indexed: the in-memory index no longer
     matches durable state, so every use of the repository fails closed until the state
     directory is inspected and reopened."""
@@ -104,6 +106,7 @@ class Repository:
                 fn(key, old, new)
             except Exception as exc:
                 err = IndexCorrupt(f"continuation record {key!r} cannot be indexed: {type(exc).__name__}")
+                err.key = key
                 if self._loading:
                     raise err from None
                 # Raising inside the store's apply loop would be logged and swallowed there and

@@ -82,7 +82,7 @@ from .host.binding import ClaimCapability, RunBinding
 from .legacy.migrate import Fence
 from .repository import LIVE as LIVE_PREFIX
 from .repository import TOMB as TOMB_PREFIX
-from .repository import Repository, bounded_batches
+from .repository import IndexCorrupt, Repository, bounded_batches
 from .store import Delete, Put, RecordStore, RecordTooLarge, VersionConflict
 from .store.keys import derive_key
 from .views import detail_body, list_item, status_body
@@ -795,9 +795,7 @@ class ContinuationService:
         if problem is None:
             return None
         code, _detail = problem
-        doctor = "afterword continuations doctor" + (
-            f" --config {shlex.quote(self.config.config_path)}" if self.config.config_path else ""
-        )
+        doctor = self._doctor_command()
         if code == "storage_full" and self.store.root.failed is None:
             message = "the state directory's file system is full: writes are refused until space is freed"
         elif code == "storage_full":
@@ -806,16 +804,34 @@ class ContinuationService:
             message = "a write or fsync to the state directory failed: fix the disk, then restart the service"
         return HealthCauseBody(code=code, status="unhealthy", count=1, message=message, ids=[], commands=[doctor])
 
+    def _doctor_command(self) -> str:
+        return "afterword continuations doctor" + (
+            f" --config {shlex.quote(self.config.config_path)}" if self.config.config_path else ""
+        )
+
     def continuation_health(self) -> HealthBody:
         """Health from the current records; each cause names its ids and the command that
         clears it."""
-        report = assess(
-            self.repo.live(),
-            self.repo.tombstones(),
-            id_limit=HEALTH_ID_LIMIT,
-            config_path=self.config.config_path,
-        )
         storage = self.storage_cause()
+        try:
+            report = assess(
+                self.repo.live(),
+                self.repo.tombstones(),
+                id_limit=HEALTH_ID_LIMIT,
+                config_path=self.config.config_path,
+            )
+        except IndexCorrupt as exc:
+            # Health must still answer (and say unhealthy) when the index refuses every read.
+            corrupt = HealthCauseBody(
+                code="state_corrupt",
+                status="unhealthy",
+                count=1,
+                message="a committed record cannot be indexed: stop the service and check the state",
+                ids=[exc.key] if exc.key else [],
+                commands=[self._doctor_command()],
+            )
+            causes = [storage, corrupt] if storage is not None else [corrupt]
+            return HealthBody(status="unhealthy", counts={}, history_unrecorded=0, active=0, causes=causes)
         return HealthBody(
             status="unhealthy" if storage is not None else report.status,
             counts=dict(report.counts),

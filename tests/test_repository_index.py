@@ -10,6 +10,7 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, deadline, load, write_config
 
 import afterword
+from afterword.doctor import diagnose
 from afterword.repository import IndexCorrupt
 from afterword.store import Put, RecordStore, StoreCorruptError
 from afterword.wire import DetachedClaimRequest
@@ -44,7 +45,23 @@ async def test_bad_record_fails_closed_live_and_at_open(tmp_path: Path) -> None:
                 service.base_url + "/v1/operator/continuations",
                 headers={"Authorization": "Bearer " + service.operator_token()},
             )
+            h = await client.get(
+                service.base_url + "/v1/operator/health",
+                headers={"Authorization": "Bearer " + service.operator_token()},
+            )
         assert r.status_code == 500 and r.json()["error"]["code"] == "state_corrupt"
+        assert h.status_code == 200 and h.json()["status"] == "unhealthy"
+        assert h.json()["causes"][0]["code"] == "state_corrupt"
+        # Health still answers, and says why: the bad record and the command to inspect it.
+        health = service.continuation_health()
+        assert health.status == "unhealthy"
+        (cause,) = health.causes
+        assert cause.code == "state_corrupt" and cause.ids == ["c/not-a-continuation"]
+        assert cause.commands and cause.commands[0].startswith("afterword continuations doctor")
+        # The read-only doctor names the same record while the service still runs.
+        diagnosis = diagnose(str(config.state_dir))
+        assert not diagnosis.healthy and diagnosis.rule == "record_undecodable"
+        assert diagnosis.path == "c/not-a-continuation"
     # The next open refuses the state instead of serving a partial index.
     with pytest.raises(StoreCorruptError, match="cannot be indexed"):
         async with afterword.open_service(config, environ=ENV, serve_http=False):
