@@ -207,19 +207,23 @@ def _convert(value: Any, type_: Any, path: str, file: str | None) -> Any:
 # Reading files.
 
 
-class _DuplicateKey(CallerError, ValueError):
+class DuplicateKeyError(CallerError, ValueError):
+    """A JSON object repeats ``key`` (raised by :func:`unique_object_pairs`)."""
+
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # A repeated key is rejected rather than "last one wins": two `host` entries would leave
-    # the reader unsure which one the service binds to.
+def unique_object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` object hook that refuses a repeated key instead of letting the last win.
+
+    Two `host` entries in a config, or two `route` fields in a request body, would leave a
+    reader unsure which one the service acts on. Shared with the HTTP body checks."""
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise _DuplicateKey(key)
+            raise DuplicateKeyError(key)
         result[key] = value
     return result
 
@@ -244,8 +248,8 @@ def _read_json(file: str, error_path: str, what: str, error_file: str | None) ->
     except UnicodeDecodeError:
         raise ConfigError(error_path, f"{what} {file} is not UTF-8", file=error_file) from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
-    except _DuplicateKey as err:
+        return json.loads(text, object_pairs_hook=unique_object_pairs, parse_constant=_reject_constant)
+    except DuplicateKeyError as err:
         problem = f"{what} {file} is not valid JSON: duplicate key {json.dumps(err.key)}"
         raise ConfigError(error_path, problem, file=error_file) from None
     except ValueError as err:

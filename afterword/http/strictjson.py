@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from ..config.load import DuplicateKeyError, unique_object_pairs
 from ..continuations.errors import InvalidRequest
-from ..errors import CallerError
 
 MAX_JSON_DEPTH = 64
 """Arrays and objects may nest at most this deep in a request body (the body itself is 1)."""
@@ -41,20 +40,6 @@ def nesting_depth(data: bytes) -> int:
     return deepest
 
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
-        result[key] = value
-    return result
-
-
-class _DuplicateKey(CallerError, ValueError):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
 def check_body(data: bytes) -> None:
     """Raise :class:`InvalidRequest` if ``data`` nests too deep or repeats a key in an object.
 
@@ -62,8 +47,8 @@ def check_body(data: bytes) -> None:
     if nesting_depth(data) > MAX_JSON_DEPTH:
         raise InvalidRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        json.loads(data, object_pairs_hook=_unique_pairs)
-    except _DuplicateKey as exc:
+        json.loads(data, object_pairs_hook=unique_object_pairs)
+    except DuplicateKeyError as exc:
         shown = exc.key if len(exc.key) <= 64 else exc.key[:64] + "..."
         raise InvalidRequest(f"body repeats the key {json.dumps(shown)}") from None
     except (ValueError, RecursionError):

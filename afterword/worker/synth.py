@@ -143,6 +143,28 @@ def _messages(request: SynthesisRequest) -> list[dict[str, str]]:
     return out
 
 
+async def _post_json(url: str, body: Any, headers: Mapping[str, str], timeout: float) -> Any:
+    """POST ``body`` and return the decoded 200 answer. Every failure is one SynthesisError
+    naming only its kind (never the URL's secrets or the answer text)."""
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        try:
+            response = await client.post(url, json=body, headers=dict(headers))
+        except httpx.HTTPError as exc:
+            raise SynthesisError(f"synthesis request failed: {type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise SynthesisError(f"synthesis endpoint answered HTTP {response.status_code}")
+    try:
+        return response.json()
+    except ValueError:
+        raise SynthesisError("synthesis endpoint answered without a message") from None
+
+
+def _nonempty(text: Any) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise SynthesisError("synthesis endpoint answered with empty text")
+    return text.strip()
+
+
 class OpenAISynthesizer:
     """Any OpenAI-compatible chat completions endpoint. No tools are ever sent."""
 
@@ -157,20 +179,12 @@ class OpenAISynthesizer:
 
     async def synthesize(self, request: SynthesisRequest) -> str:
         body = {"model": self._model, "messages": _messages(request), "stream": False}
-        async with httpx.AsyncClient(timeout=self._timeout) as client:
-            try:
-                response = await client.post(self._url, json=body, headers=self._headers)
-            except httpx.HTTPError as exc:
-                raise SynthesisError(f"synthesis request failed: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise SynthesisError(f"synthesis endpoint answered HTTP {response.status_code}")
+        answer = await _post_json(self._url, body, self._headers, self._timeout)
         try:
-            text = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            text = answer["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
             raise SynthesisError("synthesis endpoint answered without a message") from None
-        if not isinstance(text, str) or not text.strip():
-            raise SynthesisError("synthesis endpoint answered with empty text")
-        return text.strip()
+        return _nonempty(text)
 
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -228,21 +242,12 @@ class AnthropicSynthesizer:
             "system": INSTRUCTIONS,
             "messages": _alternating(request),
         }
-        async with httpx.AsyncClient(timeout=self._timeout) as client:
-            try:
-                response = await client.post(self._url, json=body, headers=self._headers)
-            except httpx.HTTPError as exc:
-                raise SynthesisError(f"synthesis request failed: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise SynthesisError(f"synthesis endpoint answered HTTP {response.status_code}")
+        answer = await _post_json(self._url, body, self._headers, self._timeout)
         try:
-            blocks = response.json()["content"]
-            text = "".join(b["text"] for b in blocks if b.get("type") == "text")
-        except (ValueError, KeyError, TypeError, AttributeError):
+            text = "".join(b["text"] for b in answer["content"] if b.get("type") == "text")
+        except (KeyError, TypeError, AttributeError):
             raise SynthesisError("synthesis endpoint answered without a message") from None
-        if not text.strip():
-            raise SynthesisError("synthesis endpoint answered with empty text")
-        return text.strip()
+        return _nonempty(text)
 
 
 def context_messages(items: Sequence[Mapping[str, Any] | Any]) -> tuple[ContextMessage, ...]:
