@@ -206,3 +206,9 @@ def served(config: Path) -> Iterator[Server]:
     finally:
         if server.proc is not None:
             server.stop()
+
+
+def cli(server: Server, *args: str) -> tuple[int, str, str]:
+    """Run the CLI against ``server``'s config: (exit code, stdout, stderr)."""
+    done = run_cli(*args, config=server.config)
+    return done.returncode, done.stdout, done.stderr

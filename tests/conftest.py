@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cli import FakeWebhook
 
 
 @pytest.fixture
@@ -18,3 +20,11 @@ def state_dir(tmp_path: Path) -> str:
     """A not-yet-existing state directory under an owner-only parent."""
     os.chmod(tmp_path, 0o700)
     return str(tmp_path / "state")
+
+
+@pytest.fixture
+def hook() -> Iterator[FakeWebhook]:
+    """A scriptable webhook receiver on loopback (hangs 5 s on a `:hang` route)."""
+    fake = FakeWebhook(hang_s=5.0)
+    yield fake
+    fake.close()

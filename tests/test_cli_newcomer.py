@@ -14,24 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _cli import CLI, FakeWebhook, Server, env, run_cli, served, write_operator_config
+from _cli import CLI, FakeWebhook, Server, cli, env, served, write_operator_config
 
 from afterword import __version__
 from afterword.cli import _state_label, build_parser
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def hook() -> Iterator[FakeWebhook]:
-    fake = FakeWebhook(hang_s=5.0)
-    yield fake
-    fake.close()
-
-
-def cli(server: Server, *args: str) -> tuple[int, str, str]:
-    done = run_cli(*args, config=server.config)
-    return done.returncode, done.stdout, done.stderr
 
 
 def _parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:

@@ -6,25 +6,12 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _cli import FakeWebhook, Server, run_cli, run_printed, served, write_operator_config
+from _cli import FakeWebhook, Server, cli, run_cli, run_printed, served, write_operator_config
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def hook() -> Iterator[FakeWebhook]:
-    fake = FakeWebhook(hang_s=5.0)
-    yield fake
-    fake.close()
-
-
-def cli(server: Server, *args: str) -> tuple[int, str, str]:
-    done = run_cli(*args, config=server.config)
-    return done.returncode, done.stdout, done.stderr
 
 
 def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook) -> None:
