@@ -201,11 +201,14 @@ async def test_openai_failure_or_hang_is_dead_lettered_with_one_model_call(
 ) -> None:
     with FakeOpenAI() as fake:
         fake.always(action)
-        config, env = make_config(tmp_path, openai_block(fake, synthesisTimeoutMs=300), OPENAI_ENV)
+        # Only the hang should meet the timeout; under load a 300 ms bound could fire before a
+        # quick failure even reached the fake, and the test would count no model call at all.
+        timeout_ms = 1000 if action is HANG else 30_000
+        config, env = make_config(tmp_path, openai_block(fake, synthesisTimeoutMs=timeout_ms), OPENAI_ENV)
         async with running(config, env) as h:
             claimed = await reply_run(h.service, h.producer, {"summary": "x"})
             rec = await wait_state(h.service, claimed.id)
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # a second (wrong) model call would land in this window
         assert fake.count == 1
     assert rec.state == "dead_lettered"
     assert rec.last_error is not None and rec.last_error.code in ("synthesis_failed", "synthesis_timeout")
