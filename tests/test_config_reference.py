@@ -13,17 +13,17 @@ from typing import Any, get_args
 import msgspec
 import pytest
 
-from afterword.config import load as loader
 from afterword.config import mcp as mcp_loader
+from afterword.config import raw
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
 
 # Fields typed ``dict[str, Any]`` or ``list[...]`` whose values are converted entry by entry:
 # the element type the loader uses, and how the reference writes the element's path.
 ELEMENTS: dict[str, tuple[Any, str]] = {
-    "continuations.namedRoutes": (loader._RawNamedRoute, "continuations.namedRoutes.<name>"),
-    "continuations.detachedServices": (loader._RawDetachedService, "continuations.detachedServices[]"),
-    "continuations.channels": (loader._RawChannel, "continuations.channels.<key>"),
+    "continuations.namedRoutes": (raw.RawNamedRoute, "continuations.namedRoutes.<name>"),
+    "continuations.detachedServices": (raw.RawDetachedService, "continuations.detachedServices[]"),
+    "continuations.channels": (raw.RawChannel, "continuations.channels.<key>"),
 }
 LEAF_MAPS = {"continuations.channels.<key>.headers"}  # free-form string maps
 
@@ -59,7 +59,7 @@ def accepted_keys(struct: type[msgspec.Struct], prefix: str) -> set[str]:
 
 
 def test_every_accepted_config_key_is_in_the_reference() -> None:
-    keys = accepted_keys(loader._RawConfig, "")
+    keys = accepted_keys(raw.RawConfig, "")
     keys |= accepted_keys(mcp_loader._RawEntry, "mcpServers.<name>")
     assert "continuations.limits.maxActiveRecords" in keys  # the walk reaches nested blocks
     assert "continuations.channels.<key>.tokenEnv" in keys  # ...and tagged adapter unions

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..config.load import DuplicateKeyError, unique_object_pairs
+from ..config.jsonfile import DuplicateKeyError, unique_object_pairs
 from ..continuations.errors import InvalidRequest
 
 MAX_JSON_DEPTH = 64
