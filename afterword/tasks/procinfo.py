@@ -9,7 +9,7 @@ directory, so they do not go through the disk seam.
 
 from __future__ import annotations
 
-from .core import ProbeResult
+from .processes import ProbeResult
 
 _PROC = "/proc"
 
