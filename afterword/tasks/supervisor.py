@@ -27,11 +27,9 @@ them and a cancellation reaches their whole group.
 
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -39,50 +37,32 @@ from types import TracebackType
 from typing import Literal
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup
 
-from ..disk import StateRoot, UnsafeStateError
-from ..disk.safe import TEMP_MARK
-from . import core, exitwrap, procinfo
+from . import core, procinfo
+from .children import (
+    DEFAULT_MAX_OUTPUT,
+    MARKER_SLACK,
+    bound_output,
+    read_exit_status,
+    signal_group,
+    signal_pid,
+    spawn_wrapped,
+    wait_exit,
+)
 from .errors import SupervisorError
 from .journal import OUTPUT_DIR, TaskJournal
 from .records import NotifyPolicy, TaskRecord
 
-DEFAULT_MAX_OUTPUT = 1024 * 1024
-MARKER_SLACK = 64  # a capture this far over the budget is kept whole (the marker's own size)
+__all__ = ["DEFAULT_MAX_OUTPUT", "MARKER_SLACK", "OnExit", "ProcessSupervisor", "bound_output", "new_task_id"]
+
 OnExit = Literal["detach", "stop"]
-_status_decoder = msgspec.json.Decoder(core.ExitStatus)
 # Wrappers a detached supervisor stopped watching; kept so they are reaped, not warned about.
 _detached: list[subprocess.Popen[bytes]] = []
 
 
 def new_task_id() -> str:
     return "task_" + secrets.token_hex(8)
-
-
-def bound_output(root: StateRoot, rel: str, limit: int) -> tuple[int, bool]:
-    """Cut a finished capture down to ``limit``: the first half, a marker naming how many
-    bytes were left out, the last half. Returns ``(bytes printed, truncated)``."""
-    try:
-        handle = root.open_file(rel, writable=True)
-    except UnsafeStateError as exc:
-        if exc.rule != "missing":
-            raise
-        return 0, False
-    try:
-        size = root.disk.fstat(handle.fd).st_size
-        truncated = size > limit + MARKER_SLACK
-        if truncated:
-            head = limit // 2
-            tail = root.pread(handle, limit - head, size - (limit - head))
-            marker = f"\n[... {size - head - len(tail)} bytes of output omitted ...]\n".encode()
-            root.pwrite(handle, marker + tail, head)
-            root.truncate(handle, head + len(marker) + len(tail))
-        root.fsync(handle)
-        return size, truncated
-    finally:
-        root.close(handle)
 
 
 class ProcessSupervisor:
@@ -207,18 +187,8 @@ class ProcessSupervisor:
         root = self.journal.root
         root.ensure_dir(OUTPUT_DIR)
         output = root.open_file(rel, writable=True, create=True)
-        status = root.path(TaskJournal.exit_status_path(task_id))
-        temp = root.path(f"{OUTPUT_DIR}/.{task_id}.exit{TEMP_MARK}{task_id}")
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-I", exitwrap.__file__, status, temp, "--", *command],
-                stdin=subprocess.DEVNULL,
-                stdout=output.fd,
-                stderr=output.fd,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                start_new_session=True,
-            )
+            process = spawn_wrapped(root, task_id, command, output_fd=output.fd, cwd=cwd, env=env)
         except OSError as exc:
             outcome = core.spawn_failure(f"{type(exc).__name__}: {exc.strerror or exc}")
             return await self.journal.update(
@@ -234,7 +204,7 @@ class ProcessSupervisor:
             )
         except BaseException:
             # The pid never became durable: a process nobody can account for must not live on.
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
             group.start_soon(self._watch, task_id, process)
             raise
         group.start_soon(self._watch, task_id, process)
@@ -242,7 +212,7 @@ class ProcessSupervisor:
 
     async def _watch(self, task_id: str, process: subprocess.Popen[bytes]) -> None:
         try:
-            await _wait_exit(process, self.poll_interval)
+            await wait_exit(process, self.poll_interval)
             returncode = process.wait()
             # Shielded: once the process has ended, its terminal state must be recorded even
             # if the supervisor is shutting down around us.
@@ -251,7 +221,7 @@ class ProcessSupervisor:
                 status = self._read_status(task_id)
                 if status is None and returncode < 0:
                     # The wrapper itself was killed: make sure its command does not live on.
-                    _signal_group(process.pid, signal.SIGKILL)
+                    signal_group(process.pid, signal.SIGKILL)
                 await self._record_end(task_id, status, returncode)
         finally:
             self._procs.pop(task_id, None)
@@ -259,14 +229,7 @@ class ProcessSupervisor:
                 _detached.append(process)  # left running for the next life to adopt
 
     def _read_status(self, task_id: str) -> core.ExitStatus | None:
-        root = self.journal.root
-        rel = TaskJournal.exit_status_path(task_id)
-        if not root.exists(rel):
-            return None
-        try:
-            return _status_decoder.decode(root.read_file(rel, max_size=4096))
-        except msgspec.DecodeError:
-            return None  # a torn or foreign file is no record of how the command ended
+        return read_exit_status(self.journal.root, task_id)
 
     async def _record_end(
         self, task_id: str, status: core.ExitStatus | None, returncode: int | None
@@ -370,11 +333,11 @@ class ProcessSupervisor:
         else:
             return task  # not ours to signal; recovery decides its fate
         # The wrapper passes SIGTERM on to its whole group once and stays to record the end.
-        _signal_pid(pid, signal.SIGTERM)
+        signal_pid(pid, signal.SIGTERM)
         ended = await self.wait(task_id, self.kill_grace)
         if core.is_terminal(ended):
             return ended
-        _signal_group(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
         return await self.wait(task_id)
 
     def running(self) -> list[str]:
@@ -384,33 +347,3 @@ class ProcessSupervisor:
     def __repr__(self) -> str:
         return f"<ProcessSupervisor watching={len(self._procs)} adopted={len(self._adopted)}>"
 
-
-async def _wait_exit(process: subprocess.Popen[bytes], poll_interval: float) -> None:
-    """Until ``process`` has exited (not reaped): a pidfd where the kernel has one, else polling."""
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except (AttributeError, OSError):
-        while process.poll() is None:
-            await anyio.sleep(min(poll_interval, 0.05))
-        return
-    try:
-        await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
-
-
-def _signal_pid(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        # The group leader exited and the id names nothing of ours any more.
-        pass
