@@ -1,6 +1,7 @@
 """The ``per-record-v4`` record store: ownership lock, WAL commits, per-record files."""
 
 from .codec import FORMAT, MAX_KEY_BYTES, Manifest
+from .collection import Collection, CorruptRecordError
 from .errors import (
     InvalidKeyError,
     RecordTooLarge,
@@ -10,6 +11,7 @@ from .errors import (
     StoreLockedError,
     VersionConflict,
 )
+from .locks import KeyedLocks, KeyLock, shared_locks
 from .readonly import StoreView, open_readonly
 from .store import (
     MAX_RECORD_BYTES,
@@ -28,8 +30,12 @@ __all__ = [
     "FORMAT",
     "MAX_KEY_BYTES",
     "MAX_RECORD_BYTES",
+    "Collection",
+    "CorruptRecordError",
     "Delete",
     "InvalidKeyError",
+    "KeyLock",
+    "KeyedLocks",
     "Manifest",
     "Mutation",
     "PendingCommit",
@@ -47,4 +53,5 @@ __all__ = [
     "TransactionInfo",
     "VersionConflict",
     "open_readonly",
+    "shared_locks",
 ]
