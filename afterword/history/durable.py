@@ -6,7 +6,7 @@ conversation ids are neither) and ``<seq>`` a 16-digit hex counter, so keys sort
 record keeps the real conversation id; a record whose id disagrees with its key's digest is a
 collision or tampering and fails closed.
 
-The in-memory index follows committed state through ``RecordStore.watch``: every instance over
+The in-memory index follows committed state through a ``afterword.store.Collection``: every instance over
 the same store sees every other instance's commits, and nothing is visible before it is
 durable. Appends to one conversation are serialized by a lock shared by all instances over
 the same store; the expected-absent version on the first new key turns any writer that
@@ -25,7 +25,17 @@ import blake3
 import msgspec
 
 from ..errors import AfterwordError
-from ..store import Delete, PendingCommit, Put, Record, RecordStore, RecordTooLarge, VersionConflict
+from ..store import (
+    Collection,
+    Delete,
+    KeyLock,
+    PendingCommit,
+    Put,
+    RecordStore,
+    RecordTooLarge,
+    VersionConflict,
+    shared_locks,
+)
 from ..wal import TransactionTooLarge
 from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
 from .message import Message
@@ -53,7 +63,10 @@ class StoredMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(StoredMessage)
+
+
+def _corrupt(key: str, message: str) -> HistoryCorruptError:
+    return HistoryCorruptError(message)
 
 
 def conversation_digest(conversation_id: str) -> str:
@@ -71,10 +84,6 @@ class _Conversation:
     seqs: list[int] = field(default_factory=list)  # sorted ascending
     by_seq: dict[int, Message] = field(default_factory=dict)
     by_id: dict[str, int] = field(default_factory=dict)
-
-
-# Locks shared by every DurableHistory over the same store, per conversation digest.
-_locks: weakref.WeakKeyDictionary[RecordStore, dict[str, anyio.Lock]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -119,28 +128,19 @@ class DurableHistory:
         self.store = store
         self.max_messages = max_messages
         self._conversations: dict[str, _Conversation] = {}
-        self._corrupt: HistoryCorruptError | None = None
-        self._loading = True
-        store.watch(PREFIX, self._on_change)  # raises here for a bad record already stored
-        self._loading = False
-
-    # -- index maintenance (called by the store after each durable commit) ---------------------
-    def _on_change(self, key: str, old: Record | None, new: Record | None) -> None:
-        try:
-            self._index(key, new)
-        except HistoryCorruptError as exc:
-            if self._loading:
-                raise
-            # Raising inside the store's apply loop would leave its memory half-applied; fail
-            # closed on this history's next use instead.
-            self._corrupt = exc
+        self._locks = shared_locks(store, "history:conversations")
+        # Raises here for a bad record already stored; one committed later makes every use of
+        # this history raise (the collection fails closed).
+        self._messages = Collection(
+            store, PREFIX, StoredMessage, on_change=self._index, error=_corrupt
+        )
 
     def _check(self) -> None:
-        if self._corrupt is not None:
-            raise self._corrupt
+        self._messages.check()
 
-    def _index(self, key: str, new: Record | None) -> None:
-        digest, _, seq_hex = key[len(PREFIX) :].partition("/")
+    def _index(self, id_: str, old: StoredMessage | None, new: StoredMessage | None) -> None:
+        key = PREFIX + id_
+        digest, _, seq_hex = id_.partition("/")
         try:
             seq = int(seq_hex, 16)
         except ValueError:
@@ -154,10 +154,7 @@ class DurableHistory:
                 if not conv.seqs:
                     del self._conversations[digest]
             return
-        try:
-            stored = _decoder.decode(new.value)
-        except msgspec.DecodeError as exc:
-            raise HistoryCorruptError(f"history record {key!r}: {exc}") from None
+        stored = new
         if stored.seq != seq or conversation_digest(stored.conversation_id) != digest:
             raise HistoryCorruptError(f"history record {key!r} does not match its key")
         conv = self._conversations.get(digest)
@@ -183,12 +180,8 @@ class DurableHistory:
             )
         return conv
 
-    def _lock(self, digest: str) -> anyio.Lock:
-        per_store = _locks.setdefault(self.store, {})
-        lock = per_store.get(digest)
-        if lock is None:
-            lock = per_store[digest] = anyio.Lock()
-        return lock
+    def _lock(self, digest: str) -> KeyLock:
+        return self._locks.lock(digest)
 
     # -- the ConversationHistory contract ------------------------------------------------------
     async def append(self, conversation_id: str, messages: Sequence[Message]) -> None:

@@ -2,10 +2,11 @@
 
 Keys: ``task/<task_id>`` and ``taskctl/<digest>`` (blake3 prefix of the session id; the real
 id lives in the record). Every change is one WAL transaction made by applying a pure function
-from :mod:`afterword.tasks.core` to the committed record; a per-key lock, shared by every
-journal over the same store, keeps read-modify-write steps on one record in order while
-commits on different records still share fsyncs. The in-memory index follows committed state
-through ``RecordStore.watch``, so nothing is visible before it is durable.
+from :mod:`afterword.tasks.core` to the committed record. Both key spaces are
+collections (:class:`afterword.store.Collection`): their keyed locks, shared by every journal over the same
+store, keep read-modify-write steps on one record in order while commits on different records
+still share fsyncs; they follow committed state, so nothing is visible before it is durable;
+and a record that does not decode makes the journal fail closed.
 
 Captured output lives beside the records as ``tasks/<task_id>.out`` under the store's
 owner-only state root, read and written only through the disk seam; the command's recorded
@@ -16,16 +17,12 @@ from __future__ import annotations
 
 import logging
 import re
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Sequence
 
-import anyio
 import blake3
-import msgspec
 
 from ..disk import StateRoot, UnsafeStateError
-from ..store import Delete, Put, Record, RecordStore
+from ..store import Collection, RecordStore
 from .core import settled
 from .errors import TaskJournalCorrupt, UnknownTaskError
 from .records import SessionControl, TaskRecord
@@ -37,12 +34,17 @@ OUTPUT_DIR = "tasks"
 _log = logging.getLogger(__name__)
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-_encoder = msgspec.msgpack.Encoder()
-_task_decoder = msgspec.msgpack.Decoder(TaskRecord)
-_control_decoder = msgspec.msgpack.Decoder(SessionControl)
-
 Listener = Callable[[TaskRecord | None, TaskRecord | None], None]
-_locks: weakref.WeakKeyDictionary[RecordStore, dict[str, anyio.Lock]] = weakref.WeakKeyDictionary()
+
+
+def _corrupt(key: str, message: str) -> TaskJournalCorrupt:
+    return TaskJournalCorrupt(message)
+
+
+def _present(task_id: str, task: TaskRecord | None) -> TaskRecord:
+    if task is None:
+        raise UnknownTaskError(task_id)
+    return task
 
 
 def check_task_id(task_id: str) -> None:
@@ -68,52 +70,29 @@ class TaskJournal:
     def __init__(self, store: RecordStore) -> None:
         self.store = store
         self.root: StateRoot = store.root
-        self._tasks: dict[str, TaskRecord] = {}
         self._by_session: dict[str, set[str]] = {}
-        self._controls: dict[str, SessionControl] = {}
+        self._controls: dict[str, SessionControl] = {}  # by session id (keys are digests)
         self._listeners: list[Listener] = []
-        self._corrupt: TaskJournalCorrupt | None = None
-        self._loading = True
-        # Existing records are indexed here; a bad one raises from the constructor.
-        store.watch(TASK_PREFIX, self._guard(self._on_task))
-        store.watch(CONTROL_PREFIX, self._guard(self._on_control))
-        self._loading = False
-
-    def _guard(self, fn: Callable[[str, Record | None, Record | None], None]) -> Callable[
-        [str, Record | None, Record | None], None
-    ]:
-        def watcher(key: str, old: Record | None, new: Record | None) -> None:
-            try:
-                fn(key, old, new)
-            except TaskJournalCorrupt as exc:
-                if self._loading:
-                    raise
-                # Raising inside the store's apply loop would leave its memory half-applied;
-                # the journal refuses its next use instead.
-                self._corrupt = exc
-
-        return watcher
+        # Existing records are indexed here; a bad one raises from the constructor, and one
+        # committed later makes every use of the journal raise.
+        self._task_records = Collection(
+            store, TASK_PREFIX, TaskRecord, on_change=self._on_task, error=_corrupt
+        )
+        self._control_records = Collection(
+            store, CONTROL_PREFIX, SessionControl, on_change=self._on_control, error=_corrupt
+        )
 
     def _check(self) -> None:
-        if self._corrupt is not None:
-            raise self._corrupt
+        self._task_records.check()
+        self._control_records.check()
 
-    # -- index (called by the store after each durable commit) ---------------------------------
-    def _on_task(self, key: str, old: Record | None, new: Record | None) -> None:
-        before = self._tasks.get(key[len(TASK_PREFIX) :])
-        if new is None:
-            if before is not None:
-                del self._tasks[before.task_id]
-                self._by_session.get(before.session_id, set()).discard(before.task_id)
-            after = None
-        else:
-            try:
-                after = _task_decoder.decode(new.value)
-            except msgspec.DecodeError as exc:
-                raise TaskJournalCorrupt(f"task record {key!r}: {exc}") from None
-            if task_key(after.task_id) != key:
-                raise TaskJournalCorrupt(f"task record {key!r} holds task {after.task_id!r}")
-            self._tasks[after.task_id] = after
+    # -- index (called after each durable commit) ----------------------------------------------
+    def _on_task(self, task_id: str, before: TaskRecord | None, after: TaskRecord | None) -> None:
+        if after is not None and after.task_id != task_id:
+            raise TaskJournalCorrupt(f"task record {task_key(task_id)!r} holds task {after.task_id!r}")
+        if before is not None:
+            self._by_session.get(before.session_id, set()).discard(before.task_id)
+        if after is not None:
             self._by_session.setdefault(after.session_id, set()).add(after.task_id)
         for listener in list(self._listeners):
             try:
@@ -121,19 +100,16 @@ class TaskJournal:
             except Exception:  # a subscriber's bug must not break the store's apply loop
                 _log.exception("task journal listener failed")
 
-    def _on_control(self, key: str, old: Record | None, new: Record | None) -> None:
-        if new is None:
-            for sid in list(self._controls):
-                if control_key(sid) == key:
-                    del self._controls[sid]
+    def _on_control(self, digest: str, before: SessionControl | None, after: SessionControl | None) -> None:
+        if after is None:
+            if before is not None:
+                self._controls.pop(before.session_id, None)
             return
-        try:
-            control = _control_decoder.decode(new.value)
-        except msgspec.DecodeError as exc:
-            raise TaskJournalCorrupt(f"session control {key!r}: {exc}") from None
-        if control_key(control.session_id) != key:
-            raise TaskJournalCorrupt(f"session control {key!r} holds session {control.session_id!r}")
-        self._controls[control.session_id] = control
+        if control_key(after.session_id) != CONTROL_PREFIX + digest:
+            raise TaskJournalCorrupt(
+                f"session control {CONTROL_PREFIX + digest!r} holds session {after.session_id!r}"
+            )
+        self._controls[after.session_id] = after
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(before, after)`` after every durable task change; returns an unsubscribe."""
@@ -143,7 +119,7 @@ class TaskJournal:
     # -- reading -------------------------------------------------------------------------------
     def get(self, task_id: str) -> TaskRecord | None:
         self._check()
-        return self._tasks.get(task_id)
+        return self._task_records.get(task_id)
 
     def require(self, task_id: str) -> TaskRecord:
         task = self.get(task_id)
@@ -155,9 +131,9 @@ class TaskJournal:
         """Tasks (of one session, or all), oldest first."""
         self._check()
         if session_id is None:
-            found: Iterable[TaskRecord] = self._tasks.values()
+            found: Iterable[TaskRecord] = self._task_records.values()
         else:
-            found = (self._tasks[t] for t in self._by_session.get(session_id, ()))
+            found = (self._task_records[t] for t in self._by_session.get(session_id, ()))
         return sorted(found, key=lambda t: (t.created_at, t.task_id))
 
     def sessions(self) -> list[str]:
@@ -173,26 +149,11 @@ class TaskJournal:
         return self._controls.get(session_id) or SessionControl(session_id=session_id)
 
     # -- writing -------------------------------------------------------------------------------
-    @asynccontextmanager
-    async def _locked(self, keys: Sequence[str]) -> AsyncIterator[None]:
-        per_store = _locks.setdefault(self.store, {})
-        held: list[anyio.Lock] = []
-        try:
-            for key in sorted(set(keys)):  # one global order: no deadlock between batches
-                lock = per_store.setdefault(key, anyio.Lock())
-                await lock.acquire()
-                held.append(lock)
-            yield
-        finally:
-            for lock in reversed(held):
-                lock.release()
-
     async def create(self, task: TaskRecord) -> TaskRecord:
         """Write a new task record (its id must be unused)."""
         check_task_id(task.task_id)
-        key = task_key(task.task_id)
-        async with self._locked([key]):
-            await self.store.transact([Put(key, _encoder.encode(task))], expect={key: None})
+        tid = task.task_id
+        await self._task_records.update([tid], lambda cur: {tid: task}, expect={tid: None})
         return task
 
     async def update(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
@@ -203,43 +164,38 @@ class TaskJournal:
         self, task_ids: Sequence[str], change: Callable[[TaskRecord], TaskRecord]
     ) -> list[TaskRecord]:
         """Apply ``change`` to several tasks in one atomic transaction."""
-        keys = [task_key(t) for t in task_ids]
-        async with self._locked(keys):
-            before = [self.require(t) for t in task_ids]
-            after = [change(t) for t in before]
-            puts = [
-                Put(task_key(a.task_id), _encoder.encode(a))
-                for a, b in zip(after, before, strict=True)
-                if a != b
-            ]
-            if puts:
-                expect = {key: self._version(key) for key in keys}
-                await self.store.transact(puts, expect=expect)
-        return after
+        self._check()
+
+        def apply(current: dict[str, TaskRecord | None]) -> dict[str, TaskRecord | None]:
+            return {t: change(_present(t, current[t])) for t in task_ids}
+
+        after = await self._task_records.update(task_ids, apply)
+        return [_present(t, after[t]) for t in task_ids]
 
     async def update_control(
         self, session_id: str, change: Callable[[SessionControl], SessionControl]
     ) -> SessionControl:
-        key = control_key(session_id)
-        async with self._locked([key]):
-            before = self.control(session_id)
-            after = change(before)
-            if after != before:
-                await self.store.transact(
-                    [Put(key, _encoder.encode(after))], expect={key: self._version(key)}
-                )
-        return after
+        self._check()
+        digest = control_key(session_id)[len(CONTROL_PREFIX) :]
 
-    def _version(self, key: str) -> int | None:
-        record = self.store.get(key)
-        return record.lsn if record is not None else None
+        def apply(current: dict[str, SessionControl | None]) -> dict[str, SessionControl | None]:
+            return {digest: change(current[digest] or SessionControl(session_id=session_id))}
+
+        after = await self._control_records.update([digest], apply)
+        result = after[digest]
+        assert result is not None
+        return result
 
     async def remove(self, task_ids: Sequence[str]) -> None:
         """Delete task records and then their output files (retention)."""
-        keys = [task_key(t) for t in task_ids]
-        async with self._locked(keys):
-            tasks = [self.require(t) for t in task_ids]
-            await self.store.transact([Delete(k) for k in keys])
+        self._check()
+        tasks: list[TaskRecord] = []
+
+        def drop(current: dict[str, TaskRecord | None]) -> dict[str, TaskRecord | None]:
+            tasks.extend(_present(t, current[t]) for t in task_ids)
+            return dict.fromkeys(task_ids)
+
+        await self._task_records.update(task_ids, drop)
         for task in tasks:
             for rel in (task.output_path, self.exit_status_path(task.task_id)):
                 if self.root.exists(rel):
@@ -291,4 +247,4 @@ class TaskJournal:
         )
 
     def __repr__(self) -> str:
-        return f"<TaskJournal tasks={len(self._tasks)} sessions={len(self.sessions())}>"
+        return f"<TaskJournal tasks={len(self._task_records)} sessions={len(self.sessions())}>"

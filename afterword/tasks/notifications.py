@@ -21,9 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-import anyio
-
 from ..history import BoundaryHistory
+from ..store import KeyedLocks
 from . import core
 from .journal import TaskJournal
 from .records import TaskRecord
@@ -61,15 +60,14 @@ class TaskNotifications:
         self.excerpt_bytes = excerpt_bytes
         self.pairing_window = pairing_window
         self.fault = fault
-        self._locks: dict[str, anyio.Lock] = {}
+        self._locks = KeyedLocks()
 
     async def deliver(self, session_id: str) -> list[TaskRecord]:
         """Deliver every eligible notification of the session now, if the pairing is closed.
 
         Returns the tasks marked delivered by this call (including reconciled ones).
         """
-        lock = self._locks.setdefault(session_id, anyio.Lock())
-        async with lock:
+        async with self._locks.lock(session_id):
             done = await self._reconcile(session_id)
             ready = core.deliverable(self.journal.tasks(session_id), set())
             if not ready:
@@ -101,7 +99,7 @@ class TaskNotifications:
         sessions = [session_id] if session_id is not None else self.journal.sessions()
         out: list[TaskRecord] = []
         for sid in sessions:
-            async with self._locks.setdefault(sid, anyio.Lock()):
+            async with self._locks.lock(sid):
                 out += await self._reconcile(sid)
         return out
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-import anyio
 import msgspec
 
 from ..history import ConversationHistory, Message, open_tool_calls
+from ..store import KeyedLocks, KeyLock
 from . import core
 from .journal import TaskJournal
 from .notifications import TaskNotifications
@@ -109,17 +109,14 @@ class TurnRunner:
         self.context_limit = context_limit
         self.max_model_failures = max_model_failures
         self.hook = TaskTurnHook(journal, clock=clock)
-        self._locks: dict[str, anyio.Lock] = {}
+        self._locks = KeyedLocks()
 
-    def lock(self, session_id: str) -> anyio.Lock:
+    def lock(self, session_id: str) -> KeyLock:
         """The session's step lock: whoever holds it is the only one running model steps."""
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = anyio.Lock()
-        return lock
+        return self._locks.lock(session_id)
 
     def busy(self, session_id: str) -> bool:
-        return self.lock(session_id).locked()
+        return self._locks.locked(session_id)
 
     async def context(self, session_id: str) -> list[Message]:
         return context_since_handoff(await self.history.latest(session_id, self.context_limit))
