@@ -163,3 +163,22 @@ def test_the_root_is_exported_and_imports_nothing_of_afterword() -> None:
     source = Path(afterword.__file__).parent.joinpath("errors.py").read_text(encoding="utf-8")
     imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
     assert [n.module for n in imports] == ["__future__"]
+
+
+def test_one_invalid_transition_class_serves_both_lifecycles() -> None:
+    from afterword.continuations import InvalidTransition
+    from afterword.continuations.errors import Conflict
+    from afterword.tasks import InvalidTransition as TaskInvalidTransition
+    from afterword.tasks import core
+    from afterword.tasks.records import TaskRecord
+
+    assert TaskInvalidTransition is InvalidTransition
+    ended = TaskRecord(
+        task_id="t1", session_id="s", tool_call_id="c", command=("true",), cwd=None,
+        notify="on_exit", created_at=0.0, output_path="o", state="exited",
+    )
+    with pytest.raises(InvalidTransition) as info:
+        core.adopted(ended)
+    assert isinstance(info.value, Conflict)
+    assert (info.value.state, info.value.event, info.value.subject) == ("exited", "adopted", "task t1")
+    assert str(info.value) == "task t1: adopted is not allowed in state exited"

@@ -334,7 +334,7 @@ def _step(task: TaskRecord, step: str) -> TaskRecord:
         return core.commit(task, now=3.0)
     if step == "deliver":
         if not core.eligible(task) or task.event_id is None:
-            raise InvalidTransition(task.task_id, task.state, step)
+            raise InvalidTransition(task.state, step, subject=task.task_id)
         return core.delivered(task, notification_id=core.notification_id_for(task.event_id), now=4.0)
     if step == "consume":
         return core.consumed(task, now=5.0)

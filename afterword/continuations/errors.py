@@ -80,12 +80,18 @@ class AdmissionLimit(ContinuationError, CallerError):
 
 
 class InvalidTransition(Conflict):
-    """The lifecycle does not allow this event in the record's current state."""
+    """A lifecycle does not allow this event in the record's current state; nothing changed.
 
-    def __init__(self, state: str, event: str) -> None:
+    The one class for both lifecycles: the continuation lifecycle raises it with the record's
+    state, the task journal (:mod:`afterword.tasks`) with ``subject="task <id>"`` as well.
+    """
+
+    def __init__(self, state: str, event: str, *, subject: str | None = None) -> None:
         self.state = state
         self.event = event
-        super().__init__(f"{event} is not allowed in state {state}")
+        self.subject = subject
+        message = f"{event} is not allowed in state {state}"
+        super().__init__(f"{subject}: {message}" if subject else message)
 
 
 class SnapshotError(ContinuationError, CallerError):

@@ -42,7 +42,7 @@ from .control import (
     turn_finished,
     user_input,
 )
-from .errors import InvalidTransition
+from .errors import refused
 from .processes import (
     HOST_STOPPED,
     LIFECYCLE,
@@ -140,10 +140,10 @@ def prepare_commit(task: TaskRecord, *, tool_result_id: str, reported_terminal: 
     """
     if task.tool_result_id is not None:
         if task.tool_result_id != tool_result_id:
-            raise InvalidTransition(task.task_id, "tool result " + task.tool_result_id, "another tool result")
+            raise refused(task.task_id, "tool result " + task.tool_result_id, "another tool result")
         return task
     if reported_terminal and task.event_id is None:
-        raise InvalidTransition(task.task_id, task.state, "terminal state reported before it exists")
+        raise refused(task.task_id, task.state, "terminal state reported before it exists")
     return _replace(
         task,
         tool_result_id=tool_result_id,
@@ -155,7 +155,7 @@ def prepare_commit(task: TaskRecord, *, tool_result_id: str, reported_terminal: 
 def commit(task: TaskRecord, *, now: float) -> TaskRecord:
     """The tool result is durable in the conversation (invariant 2)."""
     if task.tool_result_id is None:
-        raise InvalidTransition(task.task_id, "tool result not prepared", "committed")
+        raise refused(task.task_id, "tool result not prepared", "committed")
     if task.committed:
         return task
     return _replace(task, committed=True, committed_at=now)
@@ -201,7 +201,7 @@ def delivered(task: TaskRecord, *, notification_id: str, now: float) -> TaskReco
     if task.delivered:
         return task
     if task.event_id is None or notification_id != notification_id_for(task.event_id):
-        raise InvalidTransition(task.task_id, task.state, "delivered with a foreign message id")
+        raise refused(task.task_id, task.state, "delivered with a foreign message id")
     return _replace(task, notification_id=notification_id, delivered=True, delivered_at=now)
 
 
@@ -255,7 +255,7 @@ def consumed(task: TaskRecord, *, now: float) -> TaskRecord:
     if task.consumed:
         return task
     if not needs_consumption(task) or not (task.delivered or task.terminal_reported):
-        raise InvalidTransition(task.task_id, task.state, "consumed before it was delivered")
+        raise refused(task.task_id, task.state, "consumed before it was delivered")
     return _replace(task, consumed=True, consumed_at=now, continuation_error=None)
 
 

@@ -1,7 +1,9 @@
 """Errors of the task journal. Each says whose fault it is.
 
 * ``InvalidTransition`` - a caller asked for a lifecycle or delivery step the record's current
-  state forbids (the caller's fault; nothing was written).
+  state forbids (the caller's fault; nothing was written). It is the continuation core's class
+  (:class:`afterword.continuations.errors.InvalidTransition`), raised with ``subject="task <id>"``:
+  one name for one idea across both lifecycles.
 * ``UnknownTaskError`` - no task with that id (the caller's fault).
 * ``TaskJournalCorrupt`` - a stored task record cannot be decoded (the state on disk's fault).
 * ``SupervisorError`` - the supervisor was used outside its lifetime (the caller's fault).
@@ -9,19 +11,26 @@
 
 from __future__ import annotations
 
+from ..continuations.errors import InvalidTransition
 from ..errors import AfterwordError, CallerError, StateError
+
+__all__ = [
+    "InvalidTransition",
+    "SupervisorError",
+    "TaskError",
+    "TaskJournalCorrupt",
+    "UnknownTaskError",
+    "refused",
+]
 
 
 class TaskError(AfterwordError):
     """Base of every error raised by ``afterword.tasks``."""
 
 
-class InvalidTransition(TaskError, CallerError):
-    def __init__(self, task_id: str, state: str, step: str) -> None:
-        self.task_id = task_id
-        self.state = state
-        self.step = step
-        super().__init__(f"task {task_id}: {step!r} is not allowed in state {state!r}")
+def refused(task_id: str, state: str, step: str) -> InvalidTransition:
+    """The error for a task-journal step that ``state`` forbids."""
+    return InvalidTransition(state, step, subject=f"task {task_id}")
 
 
 class UnknownTaskError(TaskError, CallerError, KeyError):

@@ -14,7 +14,7 @@ from typing import Literal
 import blake3
 import msgspec
 
-from .errors import InvalidTransition
+from .errors import refused
 from .records import TERMINAL_STATES, NotifyPolicy, TaskRecord, TaskState
 
 NOTIFICATION_PREFIX = "task-notification:"
@@ -72,13 +72,13 @@ def new_task(
 
 def spawned(task: TaskRecord, *, pid: int, identity: str | None, now: float) -> TaskRecord:
     if task.state != "running" or task.pid is not None:
-        raise InvalidTransition(task.task_id, task.state, "spawned")
+        raise refused(task.task_id, task.state, "spawned")
     return _replace(task, pid=pid, process_identity=identity, started_at=now)
 
 
 def adopted(task: TaskRecord) -> TaskRecord:
     if task.state != "running":
-        raise InvalidTransition(task.task_id, task.state, "adopted")
+        raise refused(task.task_id, task.state, "adopted")
     return _replace(task, adopted=True)
 
 
@@ -203,7 +203,7 @@ def terminate(
     if outcome.state not in LIFECYCLE[task.state]:
         if task.state == outcome.state:
             return task  # a replayed report of the same end changes nothing
-        raise InvalidTransition(task.task_id, task.state, outcome.state)
+        raise refused(task.task_id, task.state, outcome.state)
     return _replace(
         task,
         state=outcome.state,
