@@ -67,12 +67,22 @@ def check_task_hash(value: str) -> None:
 
 
 def payload_hash(payload: object) -> str:
-    """Lowercase hex sha256 of the payload as compact JSON with sorted keys."""
-    return hashlib.sha256(_json_sorted.encode(payload)).hexdigest()
+    """Lowercase hex sha256 of the payload as compact JSON with sorted keys.
+
+    The one definition of ``payloadHash`` (docs/design.md, Contracts: HTTP): the service checks
+    results with it and the producer helper computes it for tool servers.
+    """
+    return canonical_hash(canonical_payload(payload))
 
 
 def canonical_payload(payload: object) -> bytes:
+    """The payload as compact JSON with sorted keys: the bytes ``payloadHash`` covers."""
     return _json_sorted.encode(payload)
+
+
+def canonical_hash(canonical: bytes) -> str:
+    """``payloadHash`` of payload bytes already in canonical form (see :func:`canonical_payload`)."""
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def check_result(idempotency_key: str, claimed_hash: str, payload: object, body_len: int) -> bytes:
@@ -83,7 +93,7 @@ def check_result(idempotency_key: str, claimed_hash: str, payload: object, body_
     if not isinstance(claimed_hash, str) or not _HASH_RE.fullmatch(claimed_hash):
         raise InvalidRequest("payloadHash must be 64 lowercase hex characters")
     canonical = canonical_payload(payload)
-    if hashlib.sha256(canonical).hexdigest() != claimed_hash:
+    if canonical_hash(canonical) != claimed_hash:
         raise InvalidRequest("payloadHash does not match the payload (sha256 of sorted compact JSON)")
     return canonical
 
