@@ -44,9 +44,9 @@ def _free_port() -> int:
 
 def _operator_token(state: Path) -> str:
     from afterword.continuations.capabilities import operator_token
-    from afterword.store.keys import derive_key
+    from afterword.store.keys import OPERATOR, derive_key
 
-    return operator_token(derive_key((state / "secret").read_bytes(), "operator"))
+    return operator_token(derive_key((state / "secret").read_bytes(), OPERATOR))
 
 
 def _metric(base: str, token: str, name: str) -> float:

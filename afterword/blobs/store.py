@@ -16,7 +16,7 @@ from hashlib import sha256
 import blake3
 
 from ..disk import StateRoot
-from ..store.keys import derive_key
+from ..store.keys import BLOB_BINDING, derive_key
 from .errors import (
     BlobBindingError,
     BlobCorruptError,
@@ -56,7 +56,7 @@ class BlobStore:
         self.rel_dir = rel_dir
         self.quota = quota
         self.max_blob = min(max_blob, quota)
-        self._bind_key = derive_key(secret, "blob-binding")
+        self._bind_key = derive_key(secret, BLOB_BINDING)
         self._sizes: dict[str, int] = {}
         self._pinned: dict[str, int] = {}
         # put() may run in a worker thread (it fsyncs); the lock keeps the quota check, the

@@ -25,7 +25,7 @@ from ..continuations.retention import RetentionLimits, plan_retention, tombstone
 from ..disk import StateRoot
 from ..repository import LIVE, TOMB, bounded_batches
 from ..store import MAX_RECORD_BYTES, Put, RecordStore
-from ..store.keys import derive_key
+from ..store.keys import CLAIM_BINDING, CONTINUATION_IDS, derive_key
 from .formats import (
     GUARD,
     GUARD_PATH,
@@ -97,8 +97,8 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
         raise MigrationError(f"{root.root}: legacy state beside unfenced v3 records; refusing to merge")
 
     # Phase 1: read, normalize and preflight; nothing written yet.
-    ids_key = derive_key(store.secret, "continuation-ids")
-    mac_key = derive_key(store.secret, "claim-binding")
+    ids_key = derive_key(store.secret, CONTINUATION_IDS)
+    mac_key = derive_key(store.secret, CLAIM_BINDING)
     legacy = []
     sources = []
     if has_v1(root):

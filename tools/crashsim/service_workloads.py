@@ -48,7 +48,7 @@ from afterword.host.binding import RunBinding
 from afterword.legacy import open_state
 from afterword.service import ContinuationService
 from afterword.store import RecordStore, StoreClosedError, StoreOptions
-from afterword.store.keys import derive_key
+from afterword.store.keys import CONTINUATION_IDS, RESULT_TOKENS, derive_key
 from afterword.wal import WalOptions
 from afterword.wire import ClaimRequest, ClaimResponse, DetachedClaimRequest, ResultRequest
 from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, Worker
@@ -375,7 +375,7 @@ class ObservedHistory:
 def ids_for(secret: bytes) -> dict[str, str]:
     """Continuation ids are derived from the store secret: recovery can name every party
     without the recording run (and a changed secret shows as changed ids)."""
-    key = derive_key(secret, "continuation-ids")
+    key = derive_key(secret, CONTINUATION_IDS)
     return {p.label: continuation_id(key, p.kind, SERVER, p.task_key) for p in PARTIES}
 
 
@@ -628,7 +628,7 @@ class ContinuationLifecycle(Workload):
                 if service.repo.get(cid) is None and service.repo.tombstone(cid) is None:
                     continue  # the claim never landed: its producer got no id to report to
                 req = result_request(party, self.seed)
-                token = result_token(derive_key(opened.store.secret, "result-tokens"), cid)
+                token = result_token(derive_key(opened.store.secret, RESULT_TOKENS), cid)
                 try:
                     await service.submit_result(cid, token, req, body_length(req))
                 except Exception as exc:
