@@ -21,18 +21,13 @@ from .continuations.model import (
     Continuation,
     Tombstone,
     decode_activation,
-    decode_continuation,
-    decode_tombstone,
     encode,
 )
-from .store import Put, Record, RecordStore, StoreCorruptError
+from .store import Collection, Put, RecordStore, StoreCorruptError
 
 LIVE = "c/"
 TOMB = "t/"
 ACTIVATION = "a/"
-
-Watcher = Callable[[str, Record | None, Record | None], None]
-
 
 class IndexCorrupt(ContinuationError, StoreCorruptError):
     key: str = ""  # the record that could not be indexed (shown by health)
@@ -84,42 +79,39 @@ def activation_key(run_id: str) -> str:
     return ACTIVATION + blake3.blake3(run_id.encode()).hexdigest()[:48]
 
 
+def _index_corrupt(key: str, message: str) -> IndexCorrupt:
+    err = IndexCorrupt(f"continuation record cannot be indexed: {message}")
+    err.key = key
+    return err
+
+
 class Repository:
+    """Continuations (``c/``) and tombstones (``t/``) as two collections
+    (:class:`afterword.store.Collection`), with the indexes the service and the operator
+    pages read.
+
+    A record that cannot be decoded or indexed raises :class:`IndexCorrupt` from the
+    constructor (the service does not open over it) or, once committed live, from every
+    later read (the collections fail closed).
+    """
+
     def __init__(self, store: RecordStore) -> None:
         self.store = store
-        self._live: dict[str, Continuation] = {}
-        self._tombs: dict[str, Tombstone] = {}
         self._state_counts: Counter[str] = Counter()
         self._origin_active: Counter[str] = Counter()
         self._history_unrecorded = 0
         self._order: list[tuple[int, str]] = []
-        self._corrupt: IndexCorrupt | None = None
-        self._loading = True
-        # A bad record already stored raises here, so the service does not open over it.
-        store.watch(LIVE, self._guard(self._on_live))
-        store.watch(TOMB, self._guard(self._on_tomb))
-        self._loading = False
-
-    def _guard(self, fn: Watcher) -> Watcher:
-        def watcher(key: str, old: Record | None, new: Record | None) -> None:
-            try:
-                fn(key, old, new)
-            except Exception as exc:
-                err = IndexCorrupt(f"continuation record {key!r} cannot be indexed: {type(exc).__name__}")
-                err.key = key
-                if self._loading:
-                    raise err from None
-                # Raising inside the store's apply loop would be logged and swallowed there and
-                # leave its memory half-applied; refuse every later use instead.
-                if self._corrupt is None:
-                    self._corrupt = err
-
-        return watcher
+        self._live = Collection(
+            store, LIVE, Continuation, on_change=self._on_live, blobs=referenced_blobs, error=_index_corrupt
+        )
+        self._tombs = Collection(store, TOMB, Tombstone, on_change=self._on_tomb, error=_index_corrupt)
+        # Writers of one continuation take its lock from this pool (in sorted order).
+        self.locks = self._live.locks
 
     def check(self) -> None:
         """Raise :class:`IndexCorrupt` once a committed record could not be indexed."""
-        if self._corrupt is not None:
-            raise self._corrupt
+        self._live.check()
+        self._tombs.check()
 
     # -- index maintenance -------------------------------------------------------------------
     def _account(self, rec: Continuation, sign: int) -> None:
@@ -129,30 +121,22 @@ class Repository:
         if rec.state == "delivered" and rec.receipt is not None and not rec.receipt.history_recorded:
             self._history_unrecorded += sign
 
-    def _on_live(self, key: str, old: Record | None, new: Record | None) -> None:
-        cid = key[len(LIVE) :]
-        prev = self._live.pop(cid, None)
+    def _on_live(self, cid: str, prev: Continuation | None, rec: Continuation | None) -> None:
         if prev is not None:
             self._account(prev, -1)
-            if new is None:
+            if rec is None:
                 self._remove_order(prev)
-        if new is not None:
-            rec = decode_continuation(new.value)
-            self._live[cid] = rec
+        if rec is not None:
             self._account(rec, +1)
             if prev is None:
                 bisect.insort(self._order, (rec.claim.created_at_ms, cid))
 
-    def _on_tomb(self, key: str, old: Record | None, new: Record | None) -> None:
-        cid = key[len(TOMB) :]
-        prev = self._tombs.pop(cid, None)
+    def _on_tomb(self, cid: str, prev: Tombstone | None, tomb: Tombstone | None) -> None:
         if prev is not None:
             self._state_counts[prev.state] -= 1
-            if new is None:
+            if tomb is None:
                 self._order_remove(prev.claim.created_at_ms, cid)
-        if new is not None:
-            tomb = decode_tombstone(new.value)
-            self._tombs[cid] = tomb
+        if tomb is not None:
             self._state_counts[tomb.state] += 1
             if prev is None and cid not in self._live:
                 bisect.insort(self._order, (tomb.claim.created_at_ms, cid))
@@ -192,16 +176,15 @@ class Repository:
 
     def tombstones(self) -> Iterable[Tombstone]:
         self.check()
-        return list(self._tombs.values())
+        return self._tombs.values()
 
     def version(self, cid: str) -> int | None:
         self.check()
-        rec = self.store.get(LIVE + cid)
-        return rec.lsn if rec is not None else None
+        return self._live.version(cid)
 
     def live(self) -> Iterable[Continuation]:
         self.check()
-        return list(self._live.values())
+        return self._live.values()
 
     @property
     def active_total(self) -> int:
@@ -228,9 +211,8 @@ class Repository:
         return out, i < len(self._order)
 
     # -- writes ------------------------------------------------------------------------------
-    @staticmethod
-    def put(rec: Continuation) -> Put:
-        return Put(LIVE + rec.id, encode(rec), referenced_blobs(rec))
+    def put(self, rec: Continuation) -> Put:
+        return self._live.put(rec.id, rec)
 
     @staticmethod
     def activation_put(run_id: str, marker: Activation) -> Put:

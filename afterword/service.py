@@ -17,8 +17,8 @@ import secrets
 import shlex
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -174,8 +174,6 @@ class ContinuationService:
         self.fence = Fence(store)
         self.hooks = ServiceHooks()
         self._caps: dict[str, ClaimCapability] = {}
-        self._locks: dict[str, anyio.Lock] = {}
-        self._lock_users: Counter[str] = Counter()
         self._admitting: Counter[str] = Counter()
         self.admitting_total = 0
         self.work_available = anyio.Event()
@@ -213,26 +211,9 @@ class ContinuationService:
             raise Unauthorized("operator or metrics capability required")
 
     # -- locking -----------------------------------------------------------------------------
-    @asynccontextmanager
-    async def _locked(self, ids: Iterable[str]) -> AsyncIterator[None]:
-        ordered = sorted(set(ids))
-        for cid in ordered:
-            self._lock_users[cid] += 1
-        acquired: list[anyio.Lock] = []
-        try:
-            for cid in ordered:
-                lock = self._locks.setdefault(cid, anyio.Lock())
-                await lock.acquire()
-                acquired.append(lock)
-            yield
-        finally:
-            for lock in reversed(acquired):
-                lock.release()
-            for cid in ordered:
-                self._lock_users[cid] -= 1
-                if self._lock_users[cid] <= 0:
-                    del self._lock_users[cid]
-                    self._locks.pop(cid, None)
+    def _locked(self, ids: Iterable[str]) -> AbstractAsyncContextManager[None]:
+        # The repository's pool: one lock per continuation id, taken in sorted order.
+        return self.repo.locks.hold(ids)
 
     def _notify(self, old: Continuation | None, new: Continuation) -> None:
         for fn in self.on_change:
