@@ -175,3 +175,19 @@ async def test_tombstones_keep_attempt_counts(tmp_path: Path) -> None:
         assert (status.attempts.synthesis, status.attempts.delivery) == (1, 1)
         (item,) = [i for i in service.list_continuations().items if i.continuation_id == cid]
         assert item.compacted and (item.attempts.synthesis, item.attempts.delivery) == (1, 1)
+
+
+def test_retention_limits_take_each_configured_value_from_its_own_key(tmp_path: Path) -> None:
+    from afterword.config import config_from_mapping
+    from afterword.continuations.retention import RetentionLimits, retention_limits
+
+    block = {
+        "terminalMaxRecords": 11,
+        "terminalMaxAgeMs": 22,
+        "capturedTextMaxRecords": 33,
+        "capturedTextMaxAgeMs": 44,
+    }
+    config = config_from_mapping({"continuations": {"retention": block}}, str(tmp_path))
+    assert retention_limits(config.retention) == RetentionLimits(
+        terminal_max_records=11, terminal_max_age_ms=22, captured_text_max_records=33, captured_text_max_age_ms=44
+    )

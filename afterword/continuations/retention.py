@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .health import attention
 from .model import Attempts, Continuation, Tombstone
@@ -40,6 +41,29 @@ class RetentionLimits:
     terminal_max_age_ms: int
     captured_text_max_records: int
     captured_text_max_age_ms: int
+
+
+class RetentionSettings(Protocol):
+    """What the configured ``continuations.retention`` block provides (``config.Retention``)."""
+
+    @property
+    def terminal_max_records(self) -> int: ...
+    @property
+    def terminal_max_age_ms(self) -> int: ...
+    @property
+    def captured_text_max_records(self) -> int: ...
+    @property
+    def captured_text_max_age_ms(self) -> int: ...
+
+
+def retention_limits(settings: RetentionSettings) -> RetentionLimits:
+    """The planning limits of the configured retention block: the one place they are read."""
+    return RetentionLimits(
+        terminal_max_records=settings.terminal_max_records,
+        terminal_max_age_ms=settings.terminal_max_age_ms,
+        captured_text_max_records=settings.captured_text_max_records,
+        captured_text_max_age_ms=settings.captured_text_max_age_ms,
+    )
 
 
 @dataclass

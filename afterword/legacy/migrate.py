@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..continuations.model import Continuation, encode
-from ..continuations.retention import RetentionLimits, plan_retention, tombstone_of
+from ..continuations.retention import plan_retention, retention_limits, tombstone_of
 from ..disk import StateRoot
 from ..repository import LIVE, TOMB, bounded_batches
 from ..store import MAX_RECORD_BYTES, Put, RecordStore
@@ -148,11 +148,8 @@ def preflight_retention(
     against the limit of the store they will be written to. Raises ``MigrationError`` before
     anything (the fence included) is written.
     """
-    r = config.retention
     now = max((c.updated_at_ms for c in normalized.values()), default=0)
-    limits = RetentionLimits(
-        r.terminal_max_records, r.terminal_max_age_ms, r.captured_text_max_records, r.captured_text_max_age_ms
-    )
+    limits = retention_limits(config.retention)
     plan = plan_retention(normalized.values(), (), now, limits)
     for cid in plan.compact:
         size = len(encode(tombstone_of(normalized[cid])))
