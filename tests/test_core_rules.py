@@ -15,7 +15,7 @@ from _claims import make_claim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afterword.continuations import InvalidRequest, TooLarge
+from afterword.continuations import InvalidRequest, RequestTooLarge
 from afterword.continuations import capabilities as caps
 from afterword.continuations.model import Claim, ErrorInfo
 from afterword.continuations.rules import (
@@ -131,7 +131,7 @@ def test_check_result_returns_canonical_bytes() -> None:
 def test_check_result_size_cap() -> None:
     payload = {"x": 1}
     check_result("k", payload_hash(payload), payload, MAX_RESULT_BODY)
-    with pytest.raises(TooLarge) as info:
+    with pytest.raises(RequestTooLarge) as info:
         check_result("k", payload_hash(payload), payload, MAX_RESULT_BODY + 1)
     assert info.value.status == 413
 

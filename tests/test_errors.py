@@ -60,7 +60,7 @@ FAULT = {
         "afterword.continuations.errors.InvalidTransition",
         "afterword.continuations.errors.Closed",
         "afterword.continuations.errors.ServiceDisabled",
-        "afterword.continuations.errors.TooLarge",
+        "afterword.continuations.errors.RequestTooLarge",
         "afterword.continuations.errors.AdmissionLimit",
         "afterword.continuations.errors.SnapshotError",
         "afterword.wal.errors.TransactionTooLarge",
@@ -72,7 +72,7 @@ FAULT = {
         "afterword.blobs.errors.BlobQuotaExceeded",
         "afterword.blobs.errors.BlobTooLarge",
         "afterword.history.errors.InvalidMessageError",
-        "afterword.history.errors.MessageTooLargeError",
+        "afterword.history.errors.MessageTooLarge",
         "afterword.tasks.errors.InvalidTransition",
         "afterword.tasks.errors.UnknownTaskError",
         "afterword.tasks.errors.SupervisorError",
@@ -182,3 +182,20 @@ def test_one_invalid_transition_class_serves_both_lifecycles() -> None:
     assert isinstance(info.value, Conflict)
     assert (info.value.state, info.value.event, info.value.subject) == ("exited", "adopted", "task t1")
     assert str(info.value) == "task t1: adopted is not allowed in state exited"
+
+
+def test_every_too_large_error_follows_one_name_pattern_and_is_the_callers_fault() -> None:
+    found = _defined_exceptions()
+    too_large = {cls for cls in found.values() if "large" in cls.__name__.lower()}
+    assert len(too_large) >= 5  # wal, store, blobs, history, continuations (and the producer)
+    for cls in too_large:
+        assert cls.__name__.endswith("TooLarge"), cls.__name__
+        assert issubclass(cls, CallerError), cls.__name__
+
+
+def test_old_too_large_names_are_the_same_classes() -> None:
+    from afterword.continuations import RequestTooLarge, TooLarge
+    from afterword.history import MessageTooLarge, MessageTooLargeError
+
+    assert TooLarge is RequestTooLarge
+    assert MessageTooLargeError is MessageTooLarge

@@ -15,7 +15,7 @@ from afterword.history import (
     HistoryCorruptError,
     InvalidMessageError,
     Message,
-    MessageTooLargeError,
+    MessageTooLarge,
     StoredMessage,
     open_tool_calls,
     pairing_closed,
@@ -79,7 +79,7 @@ async def test_append_is_all_or_nothing(store: RecordStore) -> None:
     with pytest.raises(InvalidMessageError):
         await history.append("c1", [user(2), bad_tool])
     huge = user(4, "x" * (3 * 1024 * 1024))  # above the store's 2 MiB per-record bound
-    with pytest.raises(MessageTooLargeError):
+    with pytest.raises(MessageTooLarge):
         await history.append("c1", [user(3), huge])
     with pytest.raises(InvalidMessageError):
         await history.append("c1", [user(5, "a"), user(5, "b")])

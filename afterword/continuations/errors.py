@@ -67,9 +67,15 @@ class ServiceDisabled(Closed):
         super().__init__("continuations are disabled in this configuration (continuations.enabled is false)")
 
 
-class TooLarge(ContinuationError, CallerError):
+class RequestTooLarge(ContinuationError, CallerError):
+    """A request body or result exceeds its documented bound (HTTP 413 ``too_large``)."""
+
     status = 413
     code = "too_large"
+
+
+# Every "too large" error is named ``<what>TooLarge``; the old name stays importable.
+TooLarge = RequestTooLarge
 
 
 class AdmissionLimit(ContinuationError, CallerError):

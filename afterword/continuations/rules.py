@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from .errors import InvalidRequest, TooLarge
+from .errors import InvalidRequest, RequestTooLarge
 
 MAX_DEADLINE_MS = 30 * 24 * 3600 * 1000
 MAX_RESULT_BODY = 256 * 1024
@@ -88,7 +88,7 @@ def canonical_hash(canonical: bytes) -> str:
 def check_result(idempotency_key: str, claimed_hash: str, payload: object, body_len: int) -> bytes:
     """Validate a result submission; return the canonical payload bytes."""
     if body_len > MAX_RESULT_BODY:
-        raise TooLarge(f"result body exceeds {MAX_RESULT_BODY} bytes")
+        raise RequestTooLarge(f"result body exceeds {MAX_RESULT_BODY} bytes")
     check_task_key(idempotency_key, "idempotencyKey")
     if not isinstance(claimed_hash, str) or not _HASH_RE.fullmatch(claimed_hash):
         raise InvalidRequest("payloadHash must be 64 lowercase hex characters")

@@ -1,7 +1,13 @@
 """Durable conversation history: messages, tool-call pairing, a bounded WAL-backed store."""
 
 from .durable import DurableHistory, StoredMessage, conversation_digest
-from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
+from .errors import (
+    HistoryCorruptError,
+    HistoryError,
+    InvalidMessageError,
+    MessageTooLarge,
+    MessageTooLargeError,
+)
 from .message import Message, MetaValue, Role, ToolCall
 from .pairing import open_tool_calls, pairing_closed
 from .protocol import BoundaryHistory, ConversationHistory
@@ -14,6 +20,7 @@ __all__ = [
     "HistoryError",
     "InvalidMessageError",
     "Message",
+    "MessageTooLarge",
     "MessageTooLargeError",
     "MetaValue",
     "Role",

@@ -37,7 +37,7 @@ from ..store import (
     shared_locks,
 )
 from ..wal import TransactionTooLarge
-from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLargeError
+from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLarge
 from .message import Message
 from .pairing import open_tool_calls
 
@@ -190,7 +190,7 @@ class DurableHistory:
         Raises:
             InvalidMessageError: a malformed message, one id twice with different bodies, or a
                 batch larger than ``max_messages``.
-            MessageTooLargeError: the batch does not fit one record store transaction.
+            MessageTooLarge: the batch does not fit one record store transaction.
         """
         await self._append(conversation_id, messages, None)
 
@@ -292,7 +292,7 @@ class DurableHistory:
         try:
             pending = self.store.reserve(mutations, expect={message_key(digest, next_seq): None})
         except (RecordTooLarge, TransactionTooLarge) as exc:
-            raise MessageTooLargeError(str(exc)) from None
+            raise MessageTooLarge(str(exc)) from None
         done = anyio.Event()
         flight.seqs.extend(new_seqs)
         flight.messages.update(zip(new_seqs, fresh, strict=True))
