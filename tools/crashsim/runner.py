@@ -191,7 +191,7 @@ class Explorer:
 
     def violation(self, state: CrashState, finding: Finding) -> Violation:
         return Violation(
-            workload=self.workload.name,
+            workload=self.workload.ref(),
             model=self.model.name,
             seed=self.seed,
             ops=self.workload.ops,
@@ -379,7 +379,7 @@ def run_fault(
 
     def violation(finding: Finding) -> Violation:
         return Violation(
-            workload=workload.name,
+            workload=workload.ref(),
             model="faults",
             seed=workload.seed,
             ops=workload.ops,
@@ -441,7 +441,10 @@ def _acks_after_failure(recording: Recording, plan: FaultPlan) -> list[Finding]:
     Exception: ENOSPC on a write. Where it hits a temporary file or a segment being created,
     nothing durable changed and the store refuses only that write (``StorageFullError``)
     and goes on; the integrity checker still requires the reopened state to hold exactly
-    the acknowledged operations. ENOSPC anywhere else still poisons the store.
+    the acknowledged operations. ENOSPC anywhere else still poisons the store, except where
+    the operation it hit was refused with ``StorageFullError`` (the fsync of a segment being
+    created, say): the store said nothing durable changed, and the integrity check holds it
+    to that.
     """
     if plan.kind not in DURABILITY_KINDS or (plan.kind == "write" and plan.errno == "ENOSPC"):
         return []
@@ -452,6 +455,8 @@ def _acks_after_failure(recording: Recording, plan: FaultPlan) -> list[Finding]:
             continue
         if entry.kind == "fault" and failed_at is None:
             failed_at = entry.note
+        elif entry.kind in ("fail", "note") and "StorageFullError" in entry.note and plan.errno == "ENOSPC":
+            failed_at = None  # refused as "disk full, nothing changed", not a poisoned store
         elif entry.kind == "note" and entry.note.startswith("opened"):
             failed_at = None  # a successful reopen recovered from the failure
         elif entry.kind == "ack" and failed_at is not None:

@@ -149,6 +149,12 @@ class Workload(abc.ABC):
     def recover(self, state_dir: str, disk: Disk) -> Observation:
         """Open ``state_dir`` with the real recovery, observe it, close it; raise if it fails."""
 
+    @classmethod
+    def ref(cls) -> str:
+        """How ``--workload`` names this class in a new process: its registered name, or
+        ``module:Class`` for a workload that lives outside the simulator."""
+        return cls.name if WORKLOADS.get(cls.name) is cls else f"{cls.__module__}:{cls.__qualname__}"
+
     def file_problems(self, files: Mapping[str, bytes], histories: Sequence[Sequence[int]]) -> list[str]:
         """Checks on the raw files of a crash state, before recovery (paths relative to the
         state directory). ``histories`` are the operation sequences that may have happened."""
