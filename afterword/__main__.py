@@ -3,7 +3,7 @@
 import signal
 import sys
 
-from .cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)

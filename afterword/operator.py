@@ -1,125 +1,15 @@
-"""The local operator client: derives the operator capability from the owner-only secret.
+"""Deprecated: moved to :mod:`afterword.clients.operator`; this name goes away in the next release.
 
-Only a user who can read ``<stateDir>/secret`` (the service's owner) can derive the
-capability; the secret itself never leaves this process.
+Importing it warns once and re-exports the public names of the new module (docs/design.md,
+"Moved modules").
 """
 
-from __future__ import annotations
+import warnings
 
-from typing import Any
-from urllib.parse import quote
+from .clients.operator import *  # noqa: F403
 
-import httpx
-import msgspec
-
-from .config import Config
-from .continuations.capabilities import metrics_token, operator_token
-from .disk import StateRoot
-from .errors import AfterwordError
-from .store.keys import derive_key
-from .store.loading import SECRET, SECRET_BYTES
-from .wire import DetailBody, HealthBody, ListResponse, StatusBody
-
-
-class OperatorError(AfterwordError):
-    """The operator request failed; ``status`` is the HTTP status (0: service unreachable)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        self.status = status
-        self.code = code
-        super().__init__(message)
-
-
-def _read_secret(config: Config) -> bytes:
-    root = StateRoot(config.state_dir, create=False)
-    secret = root.read_file(SECRET, max_size=SECRET_BYTES)
-    if len(secret) != SECRET_BYTES:
-        raise OperatorError(0, "bad_secret", f"{root.path(SECRET)}: not a valid secret")
-    return secret
-
-
-def read_operator_token(config: Config) -> str:
-    return operator_token(derive_key(_read_secret(config), "operator"))
-
-
-def read_metrics_token(config: Config) -> str:
-    """The read-only metrics capability (opens ``GET /v1/operator/metrics`` and nothing else)."""
-    return metrics_token(derive_key(_read_secret(config), "metrics"))
-
-
-class OperatorClient:
-    def __init__(self, config: Config, token: str, *, timeout_s: float = 10.0) -> None:
-        self._base = config.base_url
-        # trust_env=False: the operator credential is restart-stable and all-powerful, so it must
-        # go only to the loopback service, never to a proxy named in HTTP_PROXY/ALL_PROXY.
-        self._client = httpx.Client(
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {token}"},
-            trust_env=False,
-            follow_redirects=False,
-        )
-
-    def __repr__(self) -> str:
-        return f"<OperatorClient {self._base}>"
-
-    def close(self) -> None:
-        self._client.close()
-
-    def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None) -> Any:
-        try:
-            response = self._client.request(method, self._base + path, params=params, json=body)
-        except httpx.HTTPError as exc:
-            raise OperatorError(
-                0,
-                "unreachable",
-                f"cannot reach the service at {self._base} ({type(exc).__name__}): is `afterword serve` "
-                f"running with this config? check with: curl -s {self._base}/v1/livez",
-            ) from None
-        if response.status_code >= 400:
-            try:
-                err = response.json()["error"]
-                raise OperatorError(response.status_code, err["code"], err["message"])
-            except (ValueError, KeyError, TypeError):
-                raise OperatorError(
-                    response.status_code, "http_error", f"HTTP {response.status_code}"
-                ) from None
-        return response.content
-
-    def show(self, cid: str) -> DetailBody:
-        return msgspec.json.decode(self._call("GET", f"/v1/operator/continuations/{quote(cid, safe='')}"), type=DetailBody)
-
-    def health(self) -> HealthBody:
-        return msgspec.json.decode(self._call("GET", "/v1/operator/health"), type=HealthBody)
-
-    def list(self, limit: int | None = None, cursor: str | None = None) -> ListResponse:
-        params: dict[str, Any] = {}
-        if limit is not None:
-            params["limit"] = str(limit)
-        if cursor is not None:
-            params["cursor"] = cursor
-        data = self._call("GET", "/v1/operator/continuations", params=params)
-        return msgspec.json.decode(data, type=ListResponse)
-
-    def retry(self, cid: str, allow_unknown: bool) -> StatusBody:
-        data = self._call(
-            "POST", f"/v1/operator/continuations/{quote(cid, safe='')}/retry", body={"allowUnknown": allow_unknown}
-        )
-        return msgspec.json.decode(data, type=StatusBody)
-
-    def cancel(self, cid: str) -> StatusBody:
-        return msgspec.json.decode(
-            self._call("POST", f"/v1/operator/continuations/{quote(cid, safe='')}/cancel"), type=StatusBody
-        )
-
-    def acknowledge(self, cid: str) -> StatusBody:
-        return msgspec.json.decode(
-            self._call("POST", f"/v1/operator/continuations/{cid}/acknowledge"), type=StatusBody
-        )
-
-    def resolve(self, cid: str, kind: str, delivery_id: str | None) -> StatusBody:
-        body = {"kind": kind, "deliveryId": delivery_id}
-        data = self._call("POST", f"/v1/operator/continuations/{quote(cid, safe='')}/resolve", body=body)
-        return msgspec.json.decode(data, type=StatusBody)
-
-    def metrics(self) -> str:
-        return bytes(self._call("GET", "/v1/operator/metrics")).decode()
+warnings.warn(
+    "afterword.operator moved to afterword.clients.operator; import it from there (afterword.operator goes away in the next release)",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -80,14 +80,9 @@ from .continuations.snapshot import build_snapshot, encode_snapshot
 from .continuations.trail import record_change
 from .host.binding import ClaimCapability, RunBinding
 from .legacy.migrate import Fence
-from .repository import LIVE as LIVE_PREFIX
-from .repository import TOMB as TOMB_PREFIX
-from .repository import IndexCorrupt, Repository, bounded_batches
-from .store import Delete, Put, RecordStore, RecordTooLarge, VersionConflict
-from .store.keys import derive_key
-from .views import detail_body, list_item, status_body
-from .wal import TransactionTooLarge
-from .wire import (
+from .protocol import paths
+from .protocol.views import detail_body, list_item, status_body
+from .protocol.wire import (
     ClaimRequest,
     ClaimResponse,
     DetachedClaimRequest,
@@ -98,6 +93,12 @@ from .wire import (
     ResultRequest,
     StatusBody,
 )
+from .repository import LIVE as LIVE_PREFIX
+from .repository import TOMB as TOMB_PREFIX
+from .repository import IndexCorrupt, Repository, bounded_batches
+from .store import Delete, Put, RecordStore, RecordTooLarge, VersionConflict
+from .store.keys import derive_key
+from .wal import TransactionTooLarge
 
 log = logging.getLogger("afterword.service")
 
@@ -190,13 +191,13 @@ class ContinuationService:
 
     @property
     def claim_url(self) -> str:
-        return f"{self.base_url}/v1/continuations/claim"
+        return paths.url(paths.CLAIM, self.base_url)
 
     def result_url(self, cid: str) -> str:
-        return f"{self.base_url}/v1/continuations/{cid}/result"
+        return paths.url(paths.RESULT, self.base_url, cid=cid)
 
     def status_url(self, cid: str) -> str:
-        return f"{self.base_url}/v1/continuations/{cid}"
+        return paths.url(paths.STATUS, self.base_url, cid=cid)
 
     def operator_token(self) -> str:
         return operator_token(self._k_operator)

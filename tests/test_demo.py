@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from afterword import demo
+from afterword.cli import demo
 
 
 def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ import afterword
 from afterword.blobs import BlobStore
 from afterword.continuations.errors import Closed
 from afterword.http.app import create_app
+from afterword.protocol.wire import DetachedClaimRequest
 from afterword.service import ContinuationService
 from afterword.store import RecordStore
-from afterword.wire import DetachedClaimRequest
 
 pytestmark = pytest.mark.anyio
 

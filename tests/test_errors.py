@@ -77,10 +77,10 @@ FAULT = {
         "afterword.tasks.errors.UnknownTaskError",
         "afterword.tasks.errors.SupervisorError",
         "afterword.config.model.ConfigError",
-        "afterword.mcp_host.McpHostError",
-        "afterword.producer.NoCapability",
-        "afterword.producer.InvalidCapability",
-        "afterword.producer.RejectedByService",
+        "afterword.clients.mcp_host.McpHostError",
+        "afterword.clients.producer.NoCapability",
+        "afterword.clients.producer.InvalidCapability",
+        "afterword.clients.producer.RejectedByService",
     ],
     StateError: [
         "afterword.wal.errors.WalCorruptError",
@@ -96,7 +96,7 @@ FAULT = {
         "afterword.history.errors.HistoryCorruptError",
         "afterword.tasks.errors.TaskJournalCorrupt",
         "afterword.legacy.formats.MigrationError",
-        "afterword.tasks.cli.JournalUnavailable",
+        "afterword.cli.tasks.JournalUnavailable",
         "afterword.worker.loop.BindingInvalid",
         "afterword.worker.loop.Fallback",
     ],
@@ -105,7 +105,7 @@ FAULT = {
         "afterword.worker.errors.PermanentDeliveryError",
         "afterword.worker.errors.UnconfirmedDeliveryError",
         "afterword.worker.errors.SynthesisError",
-        "afterword.producer.ServiceUnavailable",
+        "afterword.clients.producer.ServiceUnavailable",
     ],
 }
 

@@ -35,6 +35,13 @@ from afterword.continuations.errors import ContinuationError, InvalidRequest, Un
 from afterword.disk import StateRoot
 from afterword.http.app import decode_json
 from afterword.legacy.formats import V1_FILE, V2_DIR, MigrationError, read_v1, read_v2
+from afterword.protocol.wire import (
+    ClaimRequest,
+    DetachedClaimRequest,
+    ResolveRequest,
+    ResultRequest,
+    RetryRequest,
+)
 from afterword.service import ContinuationService
 from afterword.store import RecordStore
 from afterword.store.codec import (
@@ -54,7 +61,6 @@ from afterword.store.errors import StoreCorruptError
 from afterword.wal.errors import WalCorruptError
 from afterword.wal.frame import SegmentHeader, encode_frame, encode_segment_header
 from afterword.wal.scan import SegmentImage, scan_chain
-from afterword.wire import ClaimRequest, DetachedClaimRequest, ResolveRequest, ResultRequest, RetryRequest
 
 EXAMPLES = int(os.environ.get("AFTERWORD_FUZZ_EXAMPLES", "60"))
 pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 2))  # a long run needs longer

@@ -17,7 +17,7 @@ from fakes.producer import reply_run, wait_state
 from fakes.synth import ExplodingHistory
 
 from afterword.continuations.errors import Conflict
-from afterword.wire import DetachedClaimRequest
+from afterword.protocol.wire import DetachedClaimRequest
 
 pytestmark = pytest.mark.anyio
 DAY = 24 * 3600 * 1000

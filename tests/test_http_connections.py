@@ -23,7 +23,7 @@ from _service import DETACHED_TOKEN, free_port, write_config
 from test_http_protocol import Harness, _raw_exchange, _result_head, serving
 
 from afterword.http.listener import MAX_REFUSALS_IN_FLIGHT, RESERVED_DESCRIPTORS, AcceptLoop, connection_cap
-from afterword.metrics import render_metrics
+from afterword.http.metrics import render_metrics
 
 pytestmark = pytest.mark.anyio
 

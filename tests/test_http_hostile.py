@@ -14,9 +14,9 @@ import pytest
 from _service import DETACHED_TOKEN, payload_hash
 from test_http_protocol import CONV, REPLY, Harness, _raw_exchange, assert_error, auth, serving
 
+from afterword.cli.serve import JsonLineFormatter
+from afterword.clients.operator import read_operator_token
 from afterword.http.strictjson import MAX_JSON_DEPTH, check_body, nesting_depth
-from afterword.operator import read_operator_token
-from afterword.serve import JsonLineFormatter
 
 pytestmark = pytest.mark.anyio
 

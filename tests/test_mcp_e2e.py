@@ -23,8 +23,8 @@ import afterword
 from afterword.config import Config
 from afterword.continuations.model import Continuation
 from afterword.mcp_host import connect_servers, settle_run
+from afterword.protocol.views import status_body
 from afterword.service import ContinuationService
-from afterword.views import status_body
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
 WAIT_S = 30.0

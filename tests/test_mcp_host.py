@@ -15,7 +15,7 @@ from afterword.config import ConfigError
 from afterword.host import RESERVED_ENV, RESERVED_HEADERS
 from afterword.mcp_host import McpHostError, connect_servers, http_client, settle_run, stdio_parameters
 from afterword.producer import task_hash
-from afterword.wire import ClaimRequest
+from afterword.protocol.wire import ClaimRequest
 
 HISTORY = [{"role": "user", "content": "start it"}, {"role": "assistant", "content": "started"}]
 COPIED = {

@@ -46,7 +46,7 @@ def test_new_store_has_no_records_v2_until_first_native_record(tmp_path: Path) -
             assert not (state / "records-v2").exists()
             from _service import DETACHED_TOKEN, deadline
 
-            from afterword.wire import DetachedClaimRequest
+            from afterword.protocol.wire import DetachedClaimRequest
 
             await service.detached_claim(
                 "work-control",

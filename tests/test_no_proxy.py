@@ -21,8 +21,8 @@ import pytest
 from _service import ENV, deadline, load, write_config
 
 import afterword
+from afterword.clients.operator import OperatorClient, read_operator_token
 from afterword.mcp_host import http_client
-from afterword.operator import OperatorClient, read_operator_token
 from afterword.producer import ClaimCapability, Producer, task_hash
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

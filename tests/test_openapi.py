@@ -15,11 +15,11 @@ from _service import DETACHED_TOKEN, payload_hash
 from test_http_protocol import Harness, _raw_exchange, auth, serving
 
 import afterword.http
+from afterword.clients.operator import read_metrics_token, read_operator_token
 from afterword.continuations.capabilities import result_token
 from afterword.continuations.model import ErrorInfo
 from afterword.http.app import create_app
 from afterword.http.openapi import OPERATIONS, build_openapi, openapi_bytes
-from afterword.operator import read_metrics_token, read_operator_token
 
 pytestmark = pytest.mark.anyio
 SHIPPED = Path(afterword.http.__file__).parent / "openapi.json"

@@ -10,10 +10,10 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, deadline, load, write_config
 
 import afterword
-from afterword.doctor import diagnose
+from afterword.cli.doctor import diagnose
+from afterword.protocol.wire import DetachedClaimRequest
 from afterword.repository import IndexCorrupt
 from afterword.store import Put, RecordStore, StoreCorruptError
-from afterword.wire import DetachedClaimRequest
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from _service import ENV, deadline, load, payload_hash, write_config
 
 import afterword
 from afterword.continuations.errors import Conflict
-from afterword.wire import DetachedClaimRequest, ResultRequest
+from afterword.protocol.wire import DetachedClaimRequest, ResultRequest
 
 pytestmark = pytest.mark.anyio
 

@@ -45,7 +45,7 @@ from schemathesis.checks import (
 )
 
 import afterword
-from afterword.operator import read_operator_token
+from afterword.clients.operator import read_operator_token
 
 EXAMPLES = int(os.environ.get("AFTERWORD_SCHEMATHESIS_EXAMPLES", "10"))
 pytestmark = pytest.mark.timeout(max(600, EXAMPLES * 8))  # a long run needs longer

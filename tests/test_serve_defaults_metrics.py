@@ -64,7 +64,7 @@ def test_serve_with_no_config_uses_documented_defaults(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_metrics_endpoint(tmp_path: Path) -> None:
-    from afterword.wire import DetachedClaimRequest, ResultRequest
+    from afterword.protocol.wire import DetachedClaimRequest, ResultRequest
 
     config = load(write_config(tmp_path))
     async with afterword.open_service(config, environ=ENV) as service, httpx.AsyncClient() as client:

@@ -13,7 +13,7 @@ from fakes.harness import make_config, running
 from afterword.continuations.model import Attempts, Continuation, ErrorInfo
 from afterword.continuations.retention import tombstone_of
 from afterword.continuations.trail import MAX_STATE_HISTORY, record_change
-from afterword.views import detail_body, status_body
+from afterword.protocol.views import detail_body, status_body
 
 
 def rec(state: str = "claimed", at: int = 1000, **changes: object) -> Continuation:

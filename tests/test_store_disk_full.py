@@ -159,7 +159,7 @@ async def test_service_answers_503_storage_full_with_retry_after_and_health_says
     from _service import DETACHED_TOKEN, deadline
     from fakes.harness import make_config, running
 
-    from afterword.metrics import ServiceCollector
+    from afterword.http.metrics import ServiceCollector
 
     disk = FullDisk()
     monkeypatch.setattr(safe, "OsDisk", lambda: disk)  # the service's store opens on this disk

@@ -1,4 +1,4 @@
-"""``afterword tasks list|show`` (run as ``python -m afterword.tasks.cli`` until wired in)."""
+"""``afterword tasks list|show`` (afterword/cli/tasks.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from afterword.cli import main
 from afterword.history import DurableHistory, Message
 from afterword.store import RecordStore, StoreOptions
 from afterword.tasks import ProcessSupervisor, TaskJournal, TaskNotifications, ToolCallProcessor, core
-from afterword.tasks.cli import main
 from afterword.wal import WalOptions
 
 OPTIONS = StoreOptions(wal=WalOptions(segment_size=4 * 1024 * 1024, max_payload=1024 * 1024, zero_fill=False))
@@ -24,7 +24,7 @@ OPTIONS = StoreOptions(wal=WalOptions(segment_size=4 * 1024 * 1024, max_payload=
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "afterword.tasks.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "afterword.cli", *args], capture_output=True, text=True, timeout=60
     )
 
 

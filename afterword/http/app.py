@@ -15,8 +15,8 @@ from werkzeug.exceptions import HTTPException
 from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
 from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
-from ..service import ContinuationService
-from ..wire import (
+from ..protocol import paths
+from ..protocol.wire import (
     ClaimRequest,
     DetachedClaimRequest,
     ErrorBody,
@@ -26,7 +26,8 @@ from ..wire import (
     ResultRequest,
     RetryRequest,
 )
-from .openapi import OPENAPI_PATH, openapi_bytes
+from ..service import ContinuationService
+from .openapi import openapi_bytes
 from .strictjson import check_body
 
 log = logging.getLogger("afterword.http")
@@ -178,20 +179,20 @@ def create_app(service: ContinuationService) -> Quart:
         log.error("unexpected error handling %s %s: %s", request.method, rule, type(exc).__name__)
         return error_response(500, "internal", "internal error")
 
-    @app.get("/v1/livez")
+    @app.get(paths.LIVEZ)
     async def livez() -> Response:
         # Unauthenticated on purpose: it answers that the process serves HTTP and nothing more
         # (no counts, no version, no state), so a probe needs no capability.
         return json_response(LivezBody(status="up"))
 
-    @app.post("/v1/continuations/claim")
+    @app.post(paths.CLAIM)
     async def claim() -> Response:
         token = _bearer()
         service.authenticate_claim(token)  # from headers: no body is read for a stranger
         req = _decode(ClaimRequest, await _body(MAX_CLAIM_BODY))
         return json_response(await service.claim(token, req))
 
-    @app.post("/v1/continuations/detached/claim")
+    @app.post(paths.DETACHED_CLAIM)
     async def detached_claim() -> Response:
         token = _bearer()
         name = request.headers.get("X-Mono-Agent-Service-Name", "")
@@ -201,7 +202,7 @@ def create_app(service: ContinuationService) -> Quart:
         req = _decode(DetachedClaimRequest, await _body(MAX_CLAIM_BODY))
         return json_response(await service.detached_claim(name, token, req))
 
-    @app.route("/v1/continuations/<cid>/result", methods=["PUT", "POST"])
+    @app.route(paths.route(paths.RESULT), methods=["PUT", "POST"])
     async def result(cid: str) -> Response:
         token = _bearer()
         service.authenticate_result(cid, token)
@@ -209,7 +210,7 @@ def create_app(service: ContinuationService) -> Quart:
         req = _decode(ResultRequest, data)
         return json_response(await service.submit_result(cid, token, req, len(data)))
 
-    @app.get("/v1/continuations/<cid>")
+    @app.get(paths.route(paths.STATUS))
     async def status(cid: str) -> Response:
         return json_response(service.status(cid, _bearer()))
 
@@ -217,40 +218,40 @@ def create_app(service: ContinuationService) -> Quart:
     def _operator() -> None:
         service.verify_operator(_bearer())
 
-    @app.get("/v1/operator/continuations")
+    @app.get(paths.LIST)
     async def op_list() -> Response:
         _operator()
         limit = query_int("limit")
         return json_response(service.list_continuations(limit=limit, cursor=request.args.get("cursor")))
 
-    @app.get("/v1/operator/continuations/<cid>")
+    @app.get(paths.route(paths.SHOW))
     async def op_show(cid: str) -> Response:
         _operator()
         return json_response(service.continuation_detail(cid))
 
-    @app.get("/v1/operator/health")
+    @app.get(paths.HEALTH)
     async def op_health() -> Response:
         _operator()
         return json_response(service.continuation_health())
 
-    @app.post("/v1/operator/continuations/<cid>/retry")
+    @app.post(paths.route(paths.RETRY))
     async def op_retry(cid: str) -> Response:
         _operator()
         data = await _body(MAX_CLAIM_BODY)
         req = _decode(RetryRequest, data) if data else RetryRequest()
         return json_response(await service.retry_continuation(cid, allow_unknown=req.allow_unknown))
 
-    @app.post("/v1/operator/continuations/<cid>/cancel")
+    @app.post(paths.route(paths.CANCEL))
     async def op_cancel(cid: str) -> Response:
         _operator()
         return json_response(await service.cancel_continuation(cid))
 
-    @app.post("/v1/operator/continuations/<cid>/acknowledge")
+    @app.post(paths.route(paths.ACKNOWLEDGE))
     async def op_acknowledge(cid: str) -> Response:
         _operator()
         return json_response(await service.acknowledge_continuation(cid))
 
-    @app.post("/v1/operator/continuations/<cid>/resolve")
+    @app.post(paths.route(paths.RESOLVE))
     async def op_resolve(cid: str) -> Response:
         _operator()
         req = _decode(ResolveRequest, await _body(MAX_CLAIM_BODY))
@@ -260,16 +261,16 @@ def create_app(service: ContinuationService) -> Quart:
             )
         )
 
-    @app.get("/v1/operator/metrics")
+    @app.get(paths.METRICS)
     async def op_metrics() -> Response:
         service.verify_metrics_reader(_bearer())
-        from ..metrics import render_metrics
+        from .metrics import render_metrics
 
         return Response(render_metrics(service), status=200, content_type="text/plain; version=0.0.4")
 
     document = openapi_bytes()
 
-    @app.get(OPENAPI_PATH)
+    @app.get(paths.OPENAPI)
     async def openapi() -> Response:
         return Response(document, status=200, content_type="application/json")
 

@@ -39,7 +39,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.typing import AppWrapper, ConnectionState
 from hypercorn.utils import parse_socket_addr, wrap_app
 
-from ..wire import ErrorBody, ErrorDetail
+from ..protocol.wire import ErrorBody, ErrorDetail
 
 log = logging.getLogger("afterword.http")
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from ..wire import (
+from ..protocol import paths
+from ..protocol.wire import (
     ClaimRequest,
     ClaimResponse,
     DetachedClaimRequest,
@@ -33,8 +34,6 @@ from ..wire import (
     StatusBody,
 )
 from .strictjson import MAX_JSON_DEPTH
-
-OPENAPI_PATH = "/v1/openapi.json"
 
 _ERRORS = {
     400: "invalid_request: malformed request, body or parameter, or a Host header that does not "
@@ -66,12 +65,10 @@ class Operation:
     also_security: str | None = None  # a second credential that opens the operation too
 
 
-_CID = "/v1/continuations/{cid}"
-_OP = "/v1/operator/continuations/{cid}"
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "post",
-        "/v1/continuations/claim",
+        paths.CLAIM,
         "claim",
         "Claim a continuation during an MCP request",
         "claimCapability",
@@ -81,7 +78,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
-        "/v1/continuations/detached/claim",
+        paths.DETACHED_CLAIM,
         "detachedClaim",
         "Claim a continuation on a configured named route (detached service)",
         "detachedToken",
@@ -92,7 +89,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "put",
-        _CID + "/result",
+        paths.RESULT,
         "submitResult",
         "Submit the one result of a continuation",
         "resultToken",
@@ -102,7 +99,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
-        _CID + "/result",
+        paths.RESULT,
         "submitResultByPost",
         "Submit the one result (POST form)",
         "resultToken",
@@ -112,7 +109,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        _CID,
+        paths.STATUS,
         "status",
         "Read a continuation's status",
         "resultToken",
@@ -122,7 +119,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        "/v1/operator/continuations",
+        paths.LIST,
         "listContinuations",
         "List continuations (keyset pages)",
         "operatorCapability",
@@ -136,7 +133,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        _OP,
+        paths.SHOW,
         "showContinuation",
         "One continuation in full: status, binding names, task key and state history",
         "operatorCapability",
@@ -146,7 +143,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        "/v1/operator/health",
+        paths.HEALTH,
         "health",
         "Service health",
         "operatorCapability",
@@ -156,7 +153,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
-        _OP + "/retry",
+        paths.RETRY,
         "retry",
         "Retry a failed or unknown delivery",
         "operatorCapability",
@@ -167,7 +164,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
-        _OP + "/cancel",
+        paths.CANCEL,
         "cancel",
         "Cancel a continuation",
         "operatorCapability",
@@ -177,7 +174,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
-        _OP + "/acknowledge",
+        paths.ACKNOWLEDGE,
         "acknowledge",
         "Acknowledge a dead letter, an expiry or a delivery missing from history",
         "operatorCapability",
@@ -187,7 +184,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
-        _OP + "/resolve",
+        paths.RESOLVE,
         "resolve",
         "Resolve an unknown delivery",
         "operatorCapability",
@@ -197,7 +194,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        "/v1/operator/metrics",
+        paths.METRICS,
         "metrics",
         "Prometheus metrics",
         "operatorCapability",
@@ -208,7 +205,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        "/v1/livez",
+        paths.LIVEZ,
         "livez",
         "Liveness: the process serves HTTP (no credential; reveals nothing else)",
         None,
@@ -218,7 +215,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "get",
-        OPENAPI_PATH,
+        paths.OPENAPI,
         "openapi",
         "This document",
         None,

@@ -46,11 +46,11 @@ from afterword.disk import Disk, DiskFailedError, OsDisk, StateRoot
 from afterword.history import DurableHistory, Message
 from afterword.host.binding import RunBinding
 from afterword.legacy import open_state
+from afterword.protocol.wire import ClaimRequest, ClaimResponse, DetachedClaimRequest, ResultRequest
 from afterword.service import ContinuationService
 from afterword.store import RecordStore, StoreClosedError, StoreOptions
 from afterword.store.keys import CONTINUATION_IDS, RESULT_TOKENS, derive_key
 from afterword.wal import WalOptions
-from afterword.wire import ClaimRequest, ClaimResponse, DetachedClaimRequest, ResultRequest
 from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, Worker
 from afterword.worker.compose import attach_worker
 

@@ -385,7 +385,7 @@ def _check(report: KillReport, server: _Server, load: _Producers, observer: Stat
 
 
 def _operator_token(root: Path) -> str:
+    from afterword.clients.operator import read_operator_token
     from afterword.config import load_config
-    from afterword.operator import read_operator_token
 
     return read_operator_token(load_config(root / "afterword.json", check_secrets=False))

@@ -20,7 +20,7 @@ from typing import Any
 
 PRELOAD = [
     "afterword.cli",
-    "afterword.serve",
+    "afterword.cli.serve",
     "afterword.runtime",
     "afterword.http.server",
     "afterword.worker",

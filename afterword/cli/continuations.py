@@ -1,66 +1,32 @@
-"""The ``afterword`` command: ``serve``, ``continuations``, ``tasks``, ``demo``.
+"""``afterword continuations ...``: the operator's verbs, over the operator client.
 
-Thin: parse arguments, call the service or the operator client, print, exit. Errors are one
-line on stderr with a non-zero exit code and say what to do next; with ``--json`` they are one
-``{"error": {"code", "message"}}`` document on stdout instead. No traceback, no secret.
+Each verb derives the operator capability from the owner-only state secret, calls the running
+service on its loopback address and prints the answer (``--json`` for machines). ``doctor`` is
+the exception: it reads the state directory itself, read-only. Exit codes are in
+"docs/design.md, Contracts: command line".
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shlex
-import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any
 
-import msgspec
-
-from . import __version__
-from .config import Config, ConfigError, default_config, load_config
-from .disk import DiskError
-from .errors import AfterwordError
-from .legacy import MigrationError
-from .operator import OperatorClient, OperatorError, read_metrics_token, read_operator_token
-from .store import StoreError, StoreLockedError
-from .wal import WalError
+from ..clients.operator import OperatorClient, OperatorError, read_metrics_token, read_operator_token
+from ..config import Config
+from ..disk import DiskError
+from .common import CONFIG_HELP, JSON_HELP, CliError, print_json, report, resolve_config
 
 EXIT_HEALTH = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 EXIT_UNREACHABLE = 3
+_ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
+_VERDICTS = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
 
 
-class CliError(AfterwordError):
-    def __init__(self, message: str, code: int = 1, kind: str = "usage") -> None:
-        self.code = code
-        self.kind = kind
-        super().__init__(message)
-
-
-def resolve_config(path: str | None, *, check_secrets: bool = True) -> Config:
-    """``--config PATH``; else ./afterword.json if present; else the documented defaults."""
-    if path is not None:
-        return load_config(path, check_secrets=check_secrets)
-    if Path("afterword.json").is_file():
-        return load_config("afterword.json", check_secrets=check_secrets)
-    return default_config(os.getcwd())
-
-
-# -- serve ------------------------------------------------------------------------------------
-def cmd_serve(args: argparse.Namespace) -> int:
-    import anyio
-
-    from .serve import serve
-
-    config = resolve_config(args.config)
-    if not config.enabled:
-        raise CliError("continuations are disabled in this configuration (continuations.enabled is false)", 2)
-    return anyio.run(serve, config, args.outbox)
-
-
-# -- continuations (operator) -------------------------------------------------------------------
 def _client(args: argparse.Namespace) -> tuple[Config, OperatorClient]:
     config = resolve_config(args.config, check_secrets=False)
     return config, OperatorClient(config, _operator_secret(config, read_operator_token))
@@ -85,23 +51,20 @@ def _operator_secret(config: Config, read: Callable[[Config], str]) -> str:
         ) from None
 
 
-def _print_json(obj: object) -> None:
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode() + "\n")
-
 
 def cmd_health(args: argparse.Namespace) -> int:
     try:
         _, client = _client(args)
     except CliError as exc:
-        return _report(args, exc.kind, str(exc), EXIT_UNREACHABLE)
+        return report(args, exc.kind, str(exc), EXIT_UNREACHABLE)
     try:
         health = client.health()
     except OperatorError as exc:
-        return _report(args, exc.code, _operator_message(exc, args), EXIT_UNREACHABLE)
+        return report(args, exc.code, operator_message(exc, args), EXIT_UNREACHABLE)
     finally:
         client.close()
     if args.json:
-        _print_json(health)
+        print_json(health)
     else:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(health.counts.items())) or "no continuations"
         extra = (
@@ -137,7 +100,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        _print_json(page)
+        print_json(page)
         return 0
     table = Table(box=None, pad_edge=False)
     columns = ("ID", "STATE", "OUTCOME", "ORIGIN", "MODE", "SERVER", "ATTEMPTS", "UPDATED", "LAST ERROR")
@@ -183,7 +146,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        _print_json(detail)
+        print_json(detail)
         return 0
     st = detail.status
     rows: list[tuple[str, str]] = [
@@ -234,7 +197,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics_token(args: argparse.Namespace) -> int:
-    from .disk import write_private_file
+    from ..disk import write_private_file
 
     config = resolve_config(args.config, check_secrets=False)
     token = _operator_secret(config, read_metrics_token)
@@ -250,7 +213,7 @@ def cmd_metrics_token(args: argparse.Namespace) -> int:
 
 def _show_status(status: object, args: argparse.Namespace) -> None:
     if getattr(args, "json", False):
-        _print_json(status)
+        print_json(status)
     else:
         state = getattr(status, "state", "?")
         cid = getattr(status, "continuation_id", "?")
@@ -315,62 +278,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         state_dir = resolve_config(args.config, check_secrets=False).state_dir
     diagnosis = diagnose(state_dir)
     if args.json:
-        _print_json(diagnosis)
+        print_json(diagnosis)
     else:
         print(render(diagnosis))
     return 0 if diagnosis.healthy else 2
 
 
-# -- parser ---------------------------------------------------------------------------------------
-_CONFIG_HELP = (
-    "the afterword.json the service runs with (default: ./afterword.json if present, else the "
-    "built-in defaults: 127.0.0.1:4319, state in ./.mono-agent/continuations)"
-)
-_JSON_HELP = "print JSON on stdout (errors too, as {\"error\": {\"code\", \"message\"}})"
-_ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
-_VERDICTS = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
+
+def operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
+    cid = getattr(args, "id", None)
+    hints = {
+        400: f"see `afterword continuations {getattr(args, 'verb', '')} -h`",
+        401: "the service rejected this state directory's capability: pass the --config the service runs with",
+        404: "list the known ids with `afterword continuations list`",
+        409: f"see its state and history with `afterword continuations show {shlex.quote(cid)}`" if cid else None,
+    }
+    hint = hints.get(exc.status)
+    return f"{exc} ({exc.code})" + (f"; {hint}" if hint else "")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are JSON too when the command line asks for ``--json``."""
 
-    json_errors = False
-
-    def error(self, message: str) -> NoReturn:
-        if _Parser.json_errors:
-            error = {"error": {"code": "usage", "message": f"{self.prog}: {message} (see {self.prog} -h)"}}
-            sys.stdout.write(msgspec.json.encode(error).decode() + "\n")
-            sys.exit(2)
-        super().error(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="afterword",
-        description="Durable continuations for AI agent hosts: a tool server finishes work after "
-        "its call returned, and afterword delivers one later answer to the right conversation.",
-        epilog="Start with `afterword demo`. Configuration reference: docs/configuration.md.",
-    )
-    parser.add_argument("--version", action="version", version=f"afterword {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = sub.add_parser(
-        "serve",
-        help="run the HTTP service and the worker loop in the foreground",
-        description="Run the continuation service (HTTP on the configured loopback address, plus "
-        "the worker that synthesizes and delivers) until SIGINT/SIGTERM; then stop admitting, "
-        "let in-flight work finish within a bound, and exit 0. State changes are logged as JSON "
-        "lines on stderr (ids and states only).",
-    )
-    serve.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
-    serve.add_argument(
-        "--outbox",
-        metavar="PATH",
-        help="write the outbox channels' deliveries to this JSON-lines file instead of the "
-        "configured path (default: outbox.jsonl beside the config)",
-    )
-    serve.set_defaults(func=cmd_serve)
-
+def add_continuations_parser(sub: Any) -> None:
+    """Register ``continuations`` and its verbs on the top-level subparsers."""
     cont = sub.add_parser(
         "continuations",
         help="inspect and recover continuations (operator)",
@@ -381,9 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     csub = cont.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
-        p.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
+        p.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
         if json_flag:
-            p.add_argument("--json", action="store_true", help=_JSON_HELP)
+            p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     h = csub.add_parser(
         "health",
@@ -518,81 +447,3 @@ def build_parser() -> argparse.ArgumentParser:
     common(dr)
     dr.add_argument("--state-dir", help="check this directory (e.g. a backup) instead of the config's")
     dr.set_defaults(func=cmd_doctor)
-
-    try:
-        from .tasks.cli import add_tasks_parser
-    except ImportError:  # pragma: no cover - the tasks package is part of the distribution
-        pass
-    else:
-        add_tasks_parser(sub)
-
-    demo = sub.add_parser(
-        "demo",
-        help="run the whole flow end to end in a temporary directory",
-        description="Start the real service on embedded defaults in a temporary directory, run a "
-        "scripted agent turn whose MCP tool claims a continuation, and show the later answer "
-        "being delivered (about 5-40 seconds, mostly starting Python processes).",
-    )
-    demo.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
-    demo.set_defaults(func=cmd_demo)
-    return parser
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    import anyio
-
-    from .demo import run_demo
-
-    return anyio.run(run_demo, args.keep)
-
-
-def _operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
-    cid = getattr(args, "id", None)
-    hints = {
-        400: f"see `afterword continuations {getattr(args, 'verb', '')} -h`",
-        401: "the service rejected this state directory's capability: pass the --config the service runs with",
-        404: "list the known ids with `afterword continuations list`",
-        409: f"see its state and history with `afterword continuations show {shlex.quote(cid)}`" if cid else None,
-    }
-    hint = hints.get(exc.status)
-    return f"{exc} ({exc.code})" + (f"; {hint}" if hint else "")
-
-
-def _report(args: argparse.Namespace, code: str, message: str, exit_code: int) -> int:
-    """One error: a JSON document on stdout with ``--json``, else one line on stderr."""
-    if getattr(args, "json", False):
-        sys.stdout.write(msgspec.json.encode({"error": {"code": code, "message": message}}).decode() + "\n")
-    else:
-        print(f"afterword: {message}", file=sys.stderr)
-    return exit_code
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    parser = build_parser()
-    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    try:
-        handler = getattr(args, "func", None) or args.handler
-        code: int = handler(args)
-    except ConfigError as exc:
-        return _report(args, "invalid_config", f"{exc} (see docs/configuration.md)", 2)
-    except MigrationError as exc:
-        return _report(args, "migration", f"{exc} (see docs/upgrading.md)", 1)
-    except StoreLockedError as exc:
-        message = f"{exc} (stop the other `afterword serve`, or give this one its own stateDir)"
-        return _report(args, "state_locked", message, 1)
-    except OperatorError as exc:
-        return _report(args, exc.code, _operator_message(exc, args), EXIT_UNREACHABLE if exc.status == 0 else 1)
-    except CliError as exc:
-        return _report(args, exc.kind, str(exc), exc.code)
-    except (StoreError, WalError, DiskError) as exc:
-        return _report(args, "state_dir", f"state directory problem: {exc}", 1)
-    except KeyboardInterrupt:
-        return 130
-    return code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main())

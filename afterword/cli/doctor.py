@@ -1,0 +1,168 @@
+"""``afterword continuations doctor``: say what is damaged in a state directory, read-only.
+
+Uses :func:`afterword.store.open_readonly`, so it takes no lock, repairs nothing and may
+run while a host owns the directory. It reports the first rule the directory breaks, what
+that means, and what a restore from backup needs (see ``docs/backup-restore.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ..continuations.model import decode_continuation, decode_tombstone
+from ..disk import DiskError, UnsafeStateError
+from ..repository import LIVE, TOMB
+from ..store import StoreError, StoreView, open_readonly
+from ..store.evidence import EvidenceError
+from ..wal import WalError, WalEvidenceError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_RESTORE_ALL = (
+    "Restore the whole state directory from one backup (MANIFEST, secret, records/, wal/ and "
+    "blobs/ taken together); files from different backups or times cannot be mixed. Work "
+    "acknowledged after that backup is lost."
+)
+_ADVICE: dict[str, tuple[str, str]] = {
+    "secret_missing": (
+        "the secret that signed this state is gone; tokens and continuation ids cannot be verified",
+        "Restore `secret` from a backup of this state directory (it never changes once written); "
+        "if no backup has it, restore the whole directory.",
+    ),
+    "secret_mismatch": (
+        "`secret` is not the one this state was written with",
+        "Put back the original `secret` from a backup of this state directory.",
+    ),
+    "segment_missing": ("a write-ahead log segment holding acknowledged work is gone", _RESTORE_ALL),
+    "segment_short": ("a write-ahead log segment was truncated", _RESTORE_ALL),
+    "segment_replaced": ("a write-ahead log segment was overwritten or zeroed", _RESTORE_ALL),
+    "acknowledged_lost": ("the log ends before the last transaction the MANIFEST saw acknowledged", _RESTORE_ALL),
+    "record_digest": (
+        "record files are missing or older than the MANIFEST and the log account for",
+        _RESTORE_ALL,
+    ),
+    "manifest_behind_records": ("MANIFEST is older than the record files (rolled back)", _RESTORE_ALL),
+    "manifest_missing": ("MANIFEST is gone although the log holds data", _RESTORE_ALL),
+    "record_undecodable": (
+        "a committed continuation record does not decode, so the service refuses to open over it",
+        "Restore the state directory from a backup taken before the record was written; the key "
+        "names the record (its file is under records/).",
+    ),
+    "bad_lock_file": (
+        "owner.db (the ownership lock) is not an SQLite database; it holds no state",
+        "With no host running, delete owner.db; the next start recreates it. No restore needed.",
+    ),
+    "missing": ("a file or directory the state needs is missing", _RESTORE_ALL),
+    "permissive_mode": (
+        "a file or directory is readable by other users",
+        "chmod 0700 the directories and 0600 the files; no restore needed.",
+    ),
+    "wrong_owner": (
+        "a file or directory belongs to another user",
+        "chown it back to the service's user; no restore needed.",
+    ),
+    "symlink": ("a path in the state directory is a symbolic link", "Replace the link with the real file, or restore."),
+    "hard_link": ("a file has more than one hard link", "Replace it with a single-link copy (cp, then mv), or restore."),
+    "not_regular": ("a path that must be a file is something else", _RESTORE_ALL),
+    "not_directory": ("a path that must be a directory is something else", _RESTORE_ALL),
+    "too_large": ("a file is larger than its format allows (damaged or foreign)", _RESTORE_ALL),
+}
+
+
+@dataclass
+class Diagnosis:
+    state_dir: str
+    healthy: bool
+    rule: str = ""
+    path: str = ""
+    problem: str = ""
+    meaning: str = ""
+    restore: str = ""
+    facts: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def diagnose(state_dir: str) -> Diagnosis:
+    """Read ``state_dir`` without changing it and say whether it opens, and if not why."""
+    state_dir = os.path.abspath(state_dir)
+    d = Diagnosis(state_dir, healthy=True)
+    d.notes += _side_notes(state_dir)
+    try:
+        view = open_readonly(state_dir)
+    except (EvidenceError, WalEvidenceError, UnsafeStateError) as exc:
+        d.healthy, d.rule, d.path, d.problem = False, exc.rule, exc.path, str(exc)
+    except (StoreError, WalError, DiskError) as exc:
+        d.healthy, d.rule, d.problem = False, "corrupt", str(exc)
+    else:
+        bad = _undecodable_continuation(view)
+        if bad is not None:
+            d.healthy, d.rule, d.path = False, "record_undecodable", bad
+            d.problem = f"continuation record {bad!r} does not decode"
+            d.meaning, d.restore = _ADVICE["record_undecodable"]
+            return d
+        d.facts = {
+            "records": len(view),
+            "lastLsn": view.lsn,
+            "checkpointLsn": view.manifest.checkpoint_lsn,
+            "format": view.manifest.format,
+            "segments": len(view.manifest.segments),
+        }
+        if not os.path.exists(os.path.join(state_dir, "MANIFEST")):
+            d.notes.append("no MANIFEST yet: the directory was never opened by a host")
+        return d
+    d.meaning, d.restore = _ADVICE.get(
+        d.rule,
+        ("committed state is damaged (a file does not decode or the log is inconsistent)", _RESTORE_ALL),
+    )
+    return d
+
+
+def _undecodable_continuation(view: StoreView) -> str | None:
+    """The first continuation record the service's index could not load, if any."""
+    for prefix, decode in ((LIVE, decode_continuation), (TOMB, decode_tombstone)):
+        for record in view.items(prefix):
+            try:
+                decode(record.value)
+            except (msgspec.MsgspecError, ValueError):
+                return record.key
+    return None
+
+
+def _side_notes(state_dir: str) -> list[str]:
+    notes: list[str] = []
+    wal = os.path.join(state_dir, "wal")
+    if os.path.isdir(wal):
+        broken = sorted(n for n in os.listdir(wal) if ".broken." in n)
+        if broken:
+            notes.append(
+                f"{len(broken)} torn-tail repair copies in {wal} ({', '.join(broken[:3])}): an earlier "
+                "start cut a tail that was never acknowledged; they may be deleted"
+            )
+    owner = os.path.join(state_dir, "owner.db")
+    try:
+        with open(owner, "rb") as fh:  # read-only, never locked: holds no state
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError:
+        head = b""
+    if head and head != SQLITE_MAGIC:
+        notes.append(f"{owner}: bad_lock_file: " + _ADVICE["bad_lock_file"][1])
+    return notes
+
+
+def render(d: Diagnosis) -> str:
+    if d.healthy:
+        facts = ", ".join(f"{k} {v}" for k, v in d.facts.items())
+        lines = [f"{d.state_dir}: opens cleanly ({facts})"]
+    else:
+        lines = [
+            f"{d.state_dir}: DAMAGED: {d.problem}",
+            f"  rule: {d.rule}",
+            f"  meaning: {d.meaning}",
+            f"  to recover: {d.restore}",
+            "  nothing was changed; see docs/backup-restore.md",
+        ]
+    lines += [f"  note: {n}" for n in d.notes]
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Every URL path of the HTTP API, in one place.
+
+The server registers its routes from these templates (:func:`route`), the OpenAPI document
+uses them as its keys, and the service and the clients build URLs with :func:`url`, so a path
+cannot drift between the side that serves it and the side that calls it. Templates use the
+OpenAPI placeholder ``{cid}``; the contract itself is "docs/design.md, Contracts: HTTP".
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+__all__ = [
+    "ACKNOWLEDGE",
+    "CANCEL",
+    "CLAIM",
+    "DETACHED_CLAIM",
+    "HEALTH",
+    "LIST",
+    "LIVEZ",
+    "METRICS",
+    "OPENAPI",
+    "RESOLVE",
+    "RESULT",
+    "RETRY",
+    "SHOW",
+    "STATUS",
+    "route",
+    "url",
+]
+
+LIVEZ = "/v1/livez"
+OPENAPI = "/v1/openapi.json"
+
+# Producer routes: a claim capability, a detached token, or a result token opens them.
+CLAIM = "/v1/continuations/claim"
+DETACHED_CLAIM = "/v1/continuations/detached/claim"
+STATUS = "/v1/continuations/{cid}"
+RESULT = "/v1/continuations/{cid}/result"
+
+# Operator routes: the operator capability opens them (metrics also takes the metrics one).
+LIST = "/v1/operator/continuations"
+SHOW = "/v1/operator/continuations/{cid}"
+RETRY = "/v1/operator/continuations/{cid}/retry"
+CANCEL = "/v1/operator/continuations/{cid}/cancel"
+ACKNOWLEDGE = "/v1/operator/continuations/{cid}/acknowledge"
+RESOLVE = "/v1/operator/continuations/{cid}/resolve"
+HEALTH = "/v1/operator/health"
+METRICS = "/v1/operator/metrics"
+
+
+def route(template: str) -> str:
+    """``template`` in Quart's rule syntax (``{cid}`` becomes ``<cid>``)."""
+    return template.replace("{cid}", "<cid>")
+
+
+def url(template: str, base: str = "", *, cid: str | None = None) -> str:
+    """``base`` (no trailing slash needed) joined with ``template``, the id percent-encoded.
+
+    Every character that could end a path segment or start a query is encoded, so an id read
+    from a terminal or a file can only ever name one continuation."""
+    path = template if cid is None else template.replace("{cid}", quote(cid, safe=""))
+    if "{" in path:
+        raise ValueError(f"{template} needs a continuation id")
+    return base.rstrip("/") + path

@@ -1,0 +1,163 @@
+"""Wire bodies of the HTTP protocol (camelCase JSON). Inputs forbid unknown fields, so a
+request that tries to name a channel, a callback URL or a conversation is rejected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    task_key: str
+    task_hash: str
+    deadline: str
+
+
+class DetachedClaimRequest(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"
+):
+    route: str
+    task_key: str
+    task_hash: str
+    deadline: str
+
+
+class ResultRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    idempotency_key: str
+    payload_hash: str
+    payload: Any
+
+
+class ClaimResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    continuation_id: str
+    result_url: str
+    status_url: str
+    result_token: str
+    expires_at: str
+    fingerprint: str
+
+
+class AttemptsBody(msgspec.Struct, frozen=True, kw_only=True):
+    synthesis: int
+    delivery: int
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+
+class ReceiptBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    kind: str
+    delivered_at: str
+    channel_id: str | None
+    delivery_ids: tuple[str, ...]
+    history_recorded: bool
+    history_error_code: str | None
+
+
+class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    continuation_id: str
+    state: str
+    origin_context: str
+    mode: str
+    kind: str
+    attempts: AttemptsBody
+    last_error: ErrorDetail | None
+    receipt: ReceiptBody | None
+    completion_kind: str | None
+    deferred: bool
+    expires_at: str
+    created_at: str
+    updated_at: str
+    compacted: bool = False
+    post_unproven: bool = False  # an earlier post's outcome was never proven (sticky)
+    acknowledged_at: str | None = None
+    # delivery_retry only: when the next automatic attempt is due; ``held`` when none is
+    # scheduled and only an operator ``retry`` will move it.
+    next_attempt_at: str | None = None
+    held: bool = False
+    # How it ended: posted, captured, suppressed, silent or resolved (an operator confirmed a
+    # post), prefixed "fallback " when the fixed origin-unavailable answer was used.
+    outcome: str | None = None
+
+
+class StateChangeBody(msgspec.Struct, frozen=True, kw_only=True):
+    state: str
+    at: str
+    error: str | None
+
+
+class DetailBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``GET /v1/operator/continuations/{id}``: the status plus what an operator needs to
+    tell how the record got here. Never a token, payload or answer text."""
+
+    status: StatusBody
+    server_name: str
+    route: str | None
+    task_key: str
+    history: list[StateChangeBody]
+    history_complete: bool
+
+
+class LivezBody(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /v1/livez``: always ``{"status": "up"}`` while the HTTP server runs."""
+
+    status: str
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    error: ErrorDetail
+
+
+class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    continuation_id: str
+    state: str
+    origin_context: str
+    mode: str
+    kind: str
+    server_name: str
+    route: str | None
+    attempts: AttemptsBody
+    last_error: ErrorDetail | None
+    created_at: str
+    updated_at: str
+    compacted: bool
+    post_unproven: bool = False
+    next_attempt_at: str | None = None
+    held: bool = False
+    outcome: str | None = None
+
+
+class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    items: list[ListItem]
+    next_cursor: str | None
+
+
+class HealthCauseBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One reason health is not healthy: which records, and the command that clears it."""
+
+    code: str
+    status: str
+    count: int
+    message: str
+    ids: list[str]  # at most 100, sorted; ``count`` is exact
+    commands: list[str]  # one exact operator command per listed id
+
+
+class HealthBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    status: str
+    counts: dict[str, int]
+    history_unrecorded: int
+    active: int
+    causes: list[HealthCauseBody] = []
+
+
+class ResolveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    kind: str
+    delivery_id: str | None = None
+
+
+class RetryRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    allow_unknown: bool = False
