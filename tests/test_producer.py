@@ -114,6 +114,13 @@ def test_payload_hash_is_sha256_of_sorted_compact_json() -> None:
     assert task_hash({"job": "x"}) == payload_hash({"job": "x"})
 
 
+def test_the_producer_and_the_service_share_one_payload_hash() -> None:
+    # Two copies could drift apart and every result would then be refused as mismatched.
+    from afterword.continuations import rules
+
+    assert payload_hash is rules.payload_hash
+
+
 def test_format_deadline() -> None:
     now = datetime(2030, 1, 2, 3, 4, 5, 678_900, tzinfo=UTC)
     assert format_deadline(now) == "2030-01-02T03:04:05.678Z"

@@ -17,7 +17,7 @@ from ..disk import StateRoot
 from ..errors import AfterwordError
 from ..protocol import paths
 from ..protocol.wire import DetailBody, HealthBody, ListResponse, StatusBody
-from ..store.keys import derive_key
+from ..store.keys import METRICS, OPERATOR, derive_key
 from ..store.loading import SECRET, SECRET_BYTES
 
 
@@ -39,12 +39,12 @@ def _read_secret(config: Config) -> bytes:
 
 
 def read_operator_token(config: Config) -> str:
-    return operator_token(derive_key(_read_secret(config), "operator"))
+    return operator_token(derive_key(_read_secret(config), OPERATOR))
 
 
 def read_metrics_token(config: Config) -> str:
     """The read-only metrics capability (opens ``GET /v1/operator/metrics`` and nothing else)."""
-    return metrics_token(derive_key(_read_secret(config), "metrics"))
+    return metrics_token(derive_key(_read_secret(config), METRICS))
 
 
 class OperatorClient:

@@ -20,7 +20,6 @@ fields hidden from ``repr`` and are not logged.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
@@ -35,6 +34,7 @@ import httpx
 import msgspec
 
 from ..config.mcp import is_loopback_url
+from ..continuations.rules import payload_hash
 from ..errors import AfterwordError, CallerError, RemoteError
 from ..host.binding import RESERVED_ENV, RESERVED_HEADERS
 from ..protocol import paths
@@ -66,7 +66,6 @@ __all__ = [
 log = logging.getLogger("afterword.producer")
 
 SERVICE_NAME_HEADER = "X-Mono-Agent-Service-Name"
-_sorted_json = msgspec.json.Encoder(order="sorted")
 _claim_decoder = msgspec.json.Decoder(ClaimResponse)
 _status_decoder = msgspec.json.Decoder(StatusBody)
 
@@ -159,11 +158,6 @@ _RETRY_FROM_STATUS = 500
 
 
 # -- hashing and time -------------------------------------------------------------------------
-def payload_hash(payload: Any) -> str:
-    """Lowercase hex sha256 of ``payload`` as compact JSON with sorted keys (docs/design.md, Contracts: HTTP)."""
-    return hashlib.sha256(_sorted_json.encode(payload)).hexdigest()
-
-
 def task_hash(task: Any) -> str:
     """A ``taskHash`` for an immutable task description, hashed the same way as a payload."""
     return payload_hash(task)
