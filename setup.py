@@ -12,5 +12,10 @@ setup(
     packages=[*find_packages(include=["afterword", "afterword.*"]), "afterword.examples"],
     package_dir={"afterword.examples": "examples"},
     # http/openapi.json is generated from the wire types (python -m afterword.http.openapi).
-    package_data={"afterword": ["py.typed", "http/openapi.json"], "afterword.examples": ["*.json", "*.sh"]},
+    # http/ui/templates and http/ui/static are the status page (served from the package: no
+    # external assets).
+    package_data={
+        "afterword": ["py.typed", "http/openapi.json", "http/ui/templates/*.html", "http/ui/static/*"],
+        "afterword.examples": ["*.json", "*.sh"],
+    },
 )

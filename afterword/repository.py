@@ -196,19 +196,32 @@ class Repository:
         rec = self.store.get(activation_key(run_id))
         return decode_activation(rec.value) if rec is not None else None
 
-    def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[Continuation | Tombstone], bool]:
-        """Up to ``limit`` records after the keyset position, and whether more remain."""
+    def page(
+        self,
+        after: tuple[int, str] | None,
+        limit: int,
+        *,
+        keep: Callable[[Continuation | Tombstone], bool] | None = None,
+        newest_first: bool = False,
+    ) -> tuple[list[Continuation | Tombstone], bool]:
+        """Up to ``limit`` records past the keyset position (in the order asked for) that
+        ``keep`` accepts, and whether another such record remains."""
         self.check()
-        start = 0 if after is None else bisect.bisect_right(self._order, after)
+        order = self._order
+        if newest_first:
+            i, step = (len(order) if after is None else bisect.bisect_left(order, after)) - 1, -1
+        else:
+            i, step = (0 if after is None else bisect.bisect_right(order, after)), 1
         out: list[Continuation | Tombstone] = []
-        i = start
-        while i < len(self._order) and len(out) < limit:
-            cid = self._order[i][1]
+        while 0 <= i < len(order):
+            cid = order[i][1]
             item: Continuation | Tombstone | None = self._live.get(cid) or self._tombs.get(cid)
-            if item is not None:
+            if item is not None and (keep is None or keep(item)):
+                if len(out) == limit:
+                    return out, True
                 out.append(item)
-            i += 1
-        return out, i < len(self._order)
+            i += step
+        return out, False
 
     # -- writes ------------------------------------------------------------------------------
     def put(self, rec: Continuation) -> Put:

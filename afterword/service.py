@@ -57,6 +57,7 @@ from .continuations.health import assess
 from .continuations.model import (
     INLINE_PAYLOAD_MAX,
     MODES,
+    STATES,
     Activation,
     Claim,
     Continuation,
@@ -850,7 +851,19 @@ class ContinuationService:
         except ValueError:
             raise InvalidRequest("invalid cursor") from None
 
-    def list_continuations(self, limit: int | None = None, cursor: str | None = None) -> ListResponse:
+    def list_continuations(
+        self,
+        limit: int | None = None,
+        cursor: str | None = None,
+        *,
+        state: str | None = None,
+        server: str | None = None,
+        route: str | None = None,
+        newest_first: bool = False,
+    ) -> ListResponse:
+        """One keyset page, oldest first unless ``newest_first``; ``state``, ``server`` and
+        ``route`` keep only records with exactly that value. A cursor is a position in the
+        order: pass the same filters and order with it."""
         page_size = self.config.limits.operator_page_size
         if limit is None:
             limit = page_size
@@ -858,8 +871,19 @@ class ContinuationService:
             raise InvalidRequest("limit must be a positive integer")
         if limit > page_size:
             raise InvalidRequest(f"limit may not exceed the configured page size {page_size}")
+        if state is not None and state not in STATES:
+            raise InvalidRequest("state must be one of " + ", ".join(STATES))
         after = self._decode_cursor(cursor) if cursor else None
-        items, more = self.repo.page(after, limit)
+
+        def keep(rec: Continuation | Tombstone) -> bool:
+            return (
+                (state is None or rec.state == state)
+                and (server is None or rec.claim.server_name == server)
+                and (route is None or rec.claim.route == route)
+            )
+
+        filtered = state is not None or server is not None or route is not None
+        items, more = self.repo.page(after, limit, keep=keep if filtered else None, newest_first=newest_first)
         next_cursor = None
         if more and items:
             last = items[-1]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import afterword.http.ui
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,6 +37,13 @@ def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
         metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     assert "afterword/py.typed" in names
     assert "afterword/http/openapi.json" in names  # the shipped OpenAPI document
+    ui = Path(afterword.http.ui.__file__).parent  # the status page's templates and static files
+    shipped = {
+        f"afterword/http/ui/{p.relative_to(ui)}"
+        for p in ui.rglob("*")
+        if p.suffix in (".html", ".css", ".js")
+    }
+    assert shipped and shipped <= names, shipped - names
     for example in ("work_control_server.py", "reference_host.py", "embed.py", "walkthrough.sh", "mcp.json"):
         assert f"afterword/examples/{example}" in names
     assert "afterword/__main__.py" in names and "afterword/tasks/cli.py" in names

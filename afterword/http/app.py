@@ -29,6 +29,7 @@ from ..protocol.wire import (
 from ..service import ContinuationService
 from .openapi import openapi_bytes
 from .strictjson import check_body
+from .ui import install_ui
 
 log = logging.getLogger("afterword.http")
 T = TypeVar("T")
@@ -222,7 +223,19 @@ def create_app(service: ContinuationService) -> Quart:
     async def op_list() -> Response:
         _operator()
         limit = query_int("limit")
-        return json_response(service.list_continuations(limit=limit, cursor=request.args.get("cursor")))
+        order = request.args.get("order", "oldest")
+        if order not in ("oldest", "newest"):
+            raise InvalidRequest("order must be oldest or newest")
+        return json_response(
+            service.list_continuations(
+                limit=limit,
+                cursor=request.args.get("cursor"),
+                state=request.args.get("state"),
+                server=request.args.get("server"),
+                route=request.args.get("route"),
+                newest_first=order == "newest",
+            )
+        )
 
     @app.get(paths.route(paths.SHOW))
     async def op_show(cid: str) -> Response:
@@ -267,6 +280,14 @@ def create_app(service: ContinuationService) -> Quart:
         from .metrics import render_metrics
 
         return Response(render_metrics(service), status=200, content_type="text/plain; version=0.0.4")
+
+    # The status page under /ui (afterword/http/ui); its one-time login links come from here.
+    page = install_ui(app, service)
+
+    @app.post(paths.UI_LOGIN)
+    async def op_ui_login() -> Response:
+        _operator()
+        return json_response(page.login())
 
     document = openapi_bytes()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from ..continuations.model import STATES
 from ..protocol import paths
 from ..protocol.wire import (
     ClaimRequest,
@@ -34,6 +35,7 @@ from ..protocol.wire import (
     StatusBody,
 )
 from .strictjson import MAX_JSON_DEPTH
+from .ui import LoginBody
 
 _ERRORS = {
     400: "invalid_request: malformed request, body or parameter, or a Host header that does not "
@@ -129,6 +131,10 @@ OPERATIONS: tuple[Operation, ...] = (
         query=(
             ("limit", {"type": "string", "pattern": "^[0-9]{1,9}$"}),
             ("cursor", {"type": "string"}),
+            ("state", {"type": "string", "enum": list(STATES)}),
+            ("server", {"type": "string"}),
+            ("route", {"type": "string"}),
+            ("order", {"type": "string", "enum": ["oldest", "newest"]}),
         ),
     ),
     Operation(
@@ -191,6 +197,16 @@ OPERATIONS: tuple[Operation, ...] = (
         ResolveRequest,
         StatusBody,
         (400, 401, 404, 408, 409, 413),
+    ),
+    Operation(
+        "post",
+        paths.UI_LOGIN,
+        "statusPageLogin",
+        "A one-time login link to the status page (valid once, for a minute)",
+        "operatorCapability",
+        None,
+        LoginBody,
+        (400, 401),
     ),
     Operation(
         "get",

@@ -25,6 +25,7 @@ __all__ = [
     "RETRY",
     "SHOW",
     "STATUS",
+    "UI_LOGIN",
     "route",
     "url",
 ]
@@ -47,6 +48,7 @@ ACKNOWLEDGE = "/v1/operator/continuations/{cid}/acknowledge"
 RESOLVE = "/v1/operator/continuations/{cid}/resolve"
 HEALTH = "/v1/operator/health"
 METRICS = "/v1/operator/metrics"
+UI_LOGIN = "/v1/operator/ui/login"  # mints a one-time link to the status page (/ui)
 
 
 def route(template: str) -> str:

@@ -120,6 +120,7 @@ def detail_body(rec: Continuation | Tombstone) -> DetailBody:
         server_name=rec.claim.server_name,
         route=rec.claim.route,
         task_key=rec.claim.task_key,
+        run_id=rec.claim.run_id,
         history=history,
         # Records written before histories were kept, or longer than the bound, miss entries.
         history_complete=bool(history) and len(history) < MAX_STATE_HISTORY,

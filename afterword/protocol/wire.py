@@ -99,6 +99,7 @@ class DetailBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     task_key: str
     history: list[StateChangeBody]
     history_complete: bool
+    run_id: str | None = None  # the originating run of an interactive claim
 
 
 class LivezBody(msgspec.Struct, frozen=True, kw_only=True):

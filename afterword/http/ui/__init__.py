@@ -1,0 +1,62 @@
+"""The operator status page served by ``afterword serve`` under ``/ui`` (docs/operating.md).
+
+:func:`install_ui` adds the page's blueprint to the HTTP app and returns the
+:class:`StatusPage` whose :meth:`~StatusPage.login` the operator API's
+``POST /v1/operator/ui/login`` answers with. The login state and the activity ring belong to
+the service (one per service, however many apps are built over it) and live in memory only.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import msgspec
+from quart import Quart
+
+from ...continuations.rules import format_ms
+from ...service import ContinuationService
+from .activity import ActivityRing
+from .auth import UiAuth
+from .routes import build_blueprint
+
+__all__ = ["LoginBody", "StatusPage", "install_ui"]
+
+
+class LoginBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``POST /v1/operator/ui/login``: a one-time link to the status page."""
+
+    login_url: str
+    expires_at: str
+
+
+class StatusPage:
+    def __init__(self, service: ContinuationService) -> None:
+        self.service = service
+        self.auth = UiAuth(service.clock_ms)
+        self.activity = ActivityRing(service.clock_ms)
+        service.on_change.append(self.activity.observe)
+
+    def __repr__(self) -> str:
+        return f"<StatusPage {self.auth!r} {self.activity!r}>"
+
+    def login(self) -> LoginBody:
+        token, expires = self.auth.mint_login()
+        return LoginBody(
+            login_url=f"{self.service.base_url}/ui/login?token={token}", expires_at=format_ms(expires)
+        )
+
+
+_pages: weakref.WeakKeyDictionary[ContinuationService, StatusPage] = weakref.WeakKeyDictionary()
+
+
+def status_page(service: ContinuationService) -> StatusPage:
+    page = _pages.get(service)
+    if page is None:
+        page = _pages[service] = StatusPage(service)
+    return page
+
+
+def install_ui(app: Quart, service: ContinuationService) -> StatusPage:
+    page = status_page(service)
+    app.register_blueprint(build_blueprint(service, page.auth, page.activity))
+    return page
