@@ -22,8 +22,17 @@ import msgspec
 from .channels import build_channels
 from .checks import check_host, check_port, positive_ints, resolve_path
 from .jsonfile import DuplicateKeyError, read_json, unique_object_pairs
-from .model import Config, ConfigError, Limits, Retention, json_path
-from .raw import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_STATE_DIR, RawConfig, RawContinuations, convert
+from .model import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_STATE_DIR,
+    Config,
+    ConfigError,
+    Limits,
+    Retention,
+    json_path,
+)
+from .raw import RawConfig, RawContinuations, convert
 from .secrets import (
     MIN_DETACHED_TOKEN_CHARS,
     detached_token,

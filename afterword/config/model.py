@@ -254,14 +254,21 @@ def channel_allows(channel: ChannelConfig, conversation_id: str) -> bool:
     return False
 
 
+# The documented defaults (docs/configuration.md): a loopback port that survives restarts and a
+# state directory under the config file's folder.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4319
+DEFAULT_STATE_DIR = ".mono-agent/continuations"
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     """The whole validated configuration of one afterword installation."""
 
     config_dir: str
     config_path: str | None = None
     enabled: bool
-    host: str = "127.0.0.1"
-    port: int = 4319
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     state_dir: str
     limits: Limits = Limits()
     retention: Retention = Retention()

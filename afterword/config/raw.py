@@ -11,11 +11,8 @@ from typing import Any
 
 import msgspec
 
-from .model import Limits, Retention, from_validation_error
+from .model import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_STATE_DIR, Limits, Retention, from_validation_error
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 4319
-DEFAULT_STATE_DIR = ".mono-agent/continuations"
 DEFAULT_SLACK_BASE_URL = "https://slack.com/api"
 
 _LIMIT_DEFAULTS = Limits()
