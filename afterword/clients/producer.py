@@ -21,10 +21,9 @@ fields hidden from ``repr`` and are not logged.
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -35,10 +34,26 @@ import msgspec
 
 from ..config.mcp import is_loopback_url
 from ..continuations.rules import payload_hash
-from ..errors import AfterwordError, CallerError, RemoteError
-from ..host.binding import RESERVED_ENV, RESERVED_HEADERS
 from ..protocol import paths
+from ..protocol.headers import SERVICE_NAME_HEADER
 from ..protocol.wire import ClaimResponse, StatusBody
+from .capability import ClaimCapability
+from .producer_errors import (
+    AdmissionLimited,
+    CapabilityClosed,
+    ClaimConflict,
+    Forbidden,
+    InvalidCapability,
+    InvalidRequest,
+    NoCapability,
+    NotAuthorized,
+    NotFound,
+    ProducerError,
+    RejectedByService,
+    ServiceUnavailable,
+    TooLarge,
+    rejection,
+)
 
 __all__ = [
     "AdmissionLimited",
@@ -65,93 +80,10 @@ __all__ = [
 
 log = logging.getLogger("afterword.producer")
 
-SERVICE_NAME_HEADER = "X-Mono-Agent-Service-Name"
 _claim_decoder = msgspec.json.Decoder(ClaimResponse)
 _status_decoder = msgspec.json.Decoder(StatusBody)
 
 
-# -- errors -------------------------------------------------------------------------------------
-class ProducerError(AfterwordError):
-    """Base of every error raised by this module. Messages never contain a token."""
-
-
-class NoCapability(ProducerError, CallerError):
-    """This server was not handed a claim capability: it is not selected in
-    ``tools.continuationServers``, or the host runs no continuation service. The tool should
-    do its work synchronously or refuse; it must not invent a route."""
-
-
-class InvalidCapability(ProducerError, CallerError):
-    """The capability values are malformed or point away from loopback (the host's fault, or a
-    forged header): the token is never sent anywhere but the local service."""
-
-
-class ServiceUnavailable(ProducerError, RemoteError):
-    """The service could not be reached, or kept failing, within the retry budget. The call is
-    idempotent: retrying it later with the same arguments is safe."""
-
-
-class RejectedByService(ProducerError, CallerError):
-    """The service refused the request; retrying the same request will not help.
-
-    ``status`` is the HTTP status and ``code`` the service's error code.
-    """
-
-    status = 0
-    code = "rejected"
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
-        if status is not None:
-            self.status = status
-        if code is not None:
-            self.code = code
-        super().__init__(message)
-
-
-class InvalidRequest(RejectedByService):
-    """The request broke a rule of the protocol (the producer's fault)."""
-
-
-class NotAuthorized(RejectedByService):
-    """The token is not valid for this operation."""
-
-
-class Forbidden(RejectedByService):
-    """The token is valid but does not grant this route or operation."""
-
-
-class NotFound(RejectedByService):
-    """No such continuation."""
-
-
-class ClaimConflict(RejectedByService):
-    """The task key or result was already used with different content (taskHash, deadline,
-    binding, idempotency key or payload)."""
-
-
-class CapabilityClosed(RejectedByService):
-    """The claim capability is closed (the host's run settled) or the continuation no longer
-    accepts a result. A claim refused this way created nothing."""
-
-
-class TooLarge(RejectedByService):
-    """The body is over the service's limit (a result is capped at 256 KiB)."""
-
-
-class AdmissionLimited(RejectedByService):
-    """The service holds too many active continuations (globally or for this origin)."""
-
-
-_BY_STATUS: dict[int, type[RejectedByService]] = {
-    400: InvalidRequest,
-    401: NotAuthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: ClaimConflict,
-    410: CapabilityClosed,
-    413: TooLarge,
-    429: AdmissionLimited,
-}
 # A 5xx answer decided nothing the caller can act on, and every call here is idempotent, so
 # it is retried like a network error (within the same bound).
 _RETRY_FROM_STATUS = 500
@@ -177,73 +109,6 @@ def format_deadline(deadline: datetime | timedelta | str, *, now: datetime | Non
         raise ValueError("deadline must be timezone-aware")
     dt = deadline.astimezone(UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
-
-
-# -- capability -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ClaimCapability:
-    """The request-bound claim capability as the host handed it to this server.
-
-    ``mode`` tells the server how the answer will be used (``reply``, ``capture``, ...);
-    ``fingerprint`` identifies the binding without revealing it. ``token`` is hidden from
-    ``repr`` and must not be logged or shown to a model.
-    """
-
-    claim_url: str
-    fingerprint: str
-    mode: str
-    token: str = field(repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.token or not self.fingerprint or not self.mode:
-            raise InvalidCapability("claim capability is incomplete (token, fingerprint and mode are needed)")
-        if not is_loopback_url(self.claim_url) or urlsplit(self.claim_url).scheme != "http":
-            raise InvalidCapability("claim URL is not a loopback http URL; refusing to send the token")
-
-    @classmethod
-    def _from_values(cls, values: list[str | None]) -> Self | None:
-        if all(v is None for v in values):
-            return None
-        url, token, fp, mode = values
-        if url is None or token is None or fp is None or mode is None:
-            raise InvalidCapability("claim capability is incomplete (some reserved values are missing)")
-        return cls(claim_url=url, token=token, fingerprint=fp, mode=mode)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self | None:
-        """Read the capability of a stdio server from its environment; None when absent."""
-        env = os.environ if environ is None else environ
-        return cls._from_values([env.get(name) for name in RESERVED_ENV])
-
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, str] | Any) -> Self | None:
-        """Read the capability of a streamable-HTTP server from one request's headers.
-
-        ``headers`` may be any mapping (names compared case-insensitively) or an object with
-        ``items()`` such as Starlette's ``Headers``. Returns None when no reserved header is
-        present.
-        """
-        lowered: dict[str, str] = {}
-        for name, value in headers.items():
-            key = name.lower()
-            if key in RESERVED_HEADERS:
-                if key in lowered and lowered[key] != value:
-                    raise InvalidCapability(f"reserved header {key} is repeated with different values")
-                lowered[key] = value
-        return cls._from_values([lowered.get(name) for name in RESERVED_HEADERS])
-
-    @classmethod
-    def from_mcp_context(cls, ctx: Any, environ: Mapping[str, str] | None = None) -> Self | None:
-        """The capability for the MCP request behind ``ctx`` (a FastMCP ``Context``).
-
-        Over HTTP only that request's headers count, never the process environment, so one
-        run's capability cannot leak into another run's request; over stdio the environment
-        the host spawned this process with is the binding.
-        """
-        request = getattr(getattr(ctx, "request_context", None), "request", None)
-        if request is not None and hasattr(request, "headers"):
-            return cls.from_headers(request.headers)
-        return cls.from_env(environ)
 
 
 # -- retry ------------------------------------------------------------------------------------
@@ -361,7 +226,7 @@ class Producer:
                 if response.status_code < 300:
                     return response.content
                 if response.status_code < _RETRY_FROM_STATUS:
-                    raise _rejection(response)
+                    raise rejection(response)
                 failure = f"HTTP {response.status_code}"
             if attempt >= self._retry.attempts:
                 raise ServiceUnavailable(
@@ -454,17 +319,3 @@ def _check_same_origin(request_url: str, response: ClaimResponse) -> None:
     for url in (response.result_url, response.status_url):
         if _origin(url) != want:
             raise InvalidCapability("claim response points result/status URLs at another origin")
-
-
-def _rejection(response: httpx.Response) -> RejectedByService:
-    status = response.status_code
-    code = "http_error"
-    message = f"HTTP {status}"
-    try:
-        err = msgspec.json.decode(response.content)["error"]
-        code = str(err["code"])
-        message = str(err["message"])
-    except (msgspec.DecodeError, KeyError, TypeError):
-        pass
-    kind = _BY_STATUS.get(status, RejectedByService)
-    return kind(message, status=status, code=code)

@@ -14,21 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ..protocol.headers import RESERVED_ENV as RESERVED_ENV
+from ..protocol.headers import RESERVED_HEADERS as RESERVED_HEADERS
+
 if TYPE_CHECKING:
     from ..service import ContinuationService
 
-RESERVED_ENV = (
-    "MONO_AGENT_CONTINUATION_CLAIM_URL",
-    "MONO_AGENT_CONTINUATION_CLAIM_TOKEN",
-    "MONO_AGENT_CONTINUATION_CLAIM_FINGERPRINT",
-    "MONO_AGENT_CONTINUATION_CLAIM_MODE",
-)
-RESERVED_HEADERS = (
-    "x-mono-agent-continuation-claim-url",
-    "x-mono-agent-continuation-claim-token",
-    "x-mono-agent-continuation-claim-fingerprint",
-    "x-mono-agent-continuation-claim-mode",
-)
 
 
 def strip_reserved_env(env: Mapping[str, str] | None) -> dict[str, str]:

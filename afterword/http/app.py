@@ -16,6 +16,7 @@ from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, 
 from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
 from ..protocol import paths
+from ..protocol.headers import SERVICE_NAME_HEADER
 from ..protocol.wire import (
     ClaimRequest,
     DetachedClaimRequest,
@@ -196,9 +197,9 @@ def create_app(service: ContinuationService) -> Quart:
     @app.post(paths.DETACHED_CLAIM)
     async def detached_claim() -> Response:
         token = _bearer()
-        name = request.headers.get("X-Mono-Agent-Service-Name", "")
+        name = request.headers.get(SERVICE_NAME_HEADER, "")
         if not name:
-            raise Unauthorized("X-Mono-Agent-Service-Name is required")
+            raise Unauthorized(f"{SERVICE_NAME_HEADER} is required")
         service.authenticate_detached(name, token)
         req = _decode(DetachedClaimRequest, await _body(MAX_CLAIM_BODY))
         return json_response(await service.detached_claim(name, token, req))

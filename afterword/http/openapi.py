@@ -20,6 +20,7 @@ import msgspec
 
 from ..continuations.model import STATES
 from ..protocol import paths
+from ..protocol.headers import SERVICE_NAME_HEADER
 from ..protocol.wire import (
     ClaimRequest,
     ClaimResponse,
@@ -87,7 +88,7 @@ OPERATIONS: tuple[Operation, ...] = (
         DetachedClaimRequest,
         ClaimResponse,
         (400, 401, 403, 408, 409, 413, 429),
-        headers=(("X-Mono-Agent-Service-Name", "The configured detached service's name"),),
+        headers=((SERVICE_NAME_HEADER, "The configured detached service's name"),),
     ),
     Operation(
         "put",
@@ -244,7 +245,7 @@ OPERATIONS: tuple[Operation, ...] = (
 _SECURITY = {
     "claimCapability": "The run's claim token, handed to a selected tool server with its MCP request",
     "resultToken": "The resultToken from the claim response; valid for that continuation only",
-    "detachedToken": "The detached service's configured token (with X-Mono-Agent-Service-Name)",
+    "detachedToken": f"The detached service's configured token (with {SERVICE_NAME_HEADER})",
     "operatorCapability": "Derived from the state directory's secret by the service's owner",
     "metricsCapability": "Read-only; opens the metrics only (afterword continuations metrics-token)",
 }

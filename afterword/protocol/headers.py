@@ -1,0 +1,28 @@
+"""The names that carry credentials besides ``Authorization``, shared by the host, the server
+and the producer helper.
+
+A host hands each selected MCP server its claim capability in four reserved values: as
+environment variables when it spawns a stdio server, or as request headers for a loopback
+streamable-HTTP server. The host writes them last, over anything configured, and strips any
+configured value that uses a reserved name. A detached service names itself in
+:data:`SERVICE_NAME_HEADER` beside its bearer token.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RESERVED_ENV", "RESERVED_HEADERS", "SERVICE_NAME_HEADER"]
+
+# Order matters: claim URL, token, fingerprint, mode (the producer reads them in this order).
+RESERVED_ENV = (
+    "MONO_AGENT_CONTINUATION_CLAIM_URL",
+    "MONO_AGENT_CONTINUATION_CLAIM_TOKEN",
+    "MONO_AGENT_CONTINUATION_CLAIM_FINGERPRINT",
+    "MONO_AGENT_CONTINUATION_CLAIM_MODE",
+)
+RESERVED_HEADERS = (
+    "x-mono-agent-continuation-claim-url",
+    "x-mono-agent-continuation-claim-token",
+    "x-mono-agent-continuation-claim-fingerprint",
+    "x-mono-agent-continuation-claim-mode",
+)
+SERVICE_NAME_HEADER = "X-Mono-Agent-Service-Name"
