@@ -23,6 +23,7 @@ from afterword.config import (
     config_from_mapping,
     default_config,
     detached_token,
+    is_loopback_host,
     is_loopback_url,
     load_config,
     missing_detached_tokens,
@@ -837,6 +838,26 @@ def test_unparseable_mcp_config_is_reported_at_mcp_config_path(cfg_dir: Path) ->
 )
 def test_is_loopback_url(url: str, loopback: bool) -> None:
     assert is_loopback_url(url) is loopback
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LocalHost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("localhost.example.com", False),
+        ("[::1]", False),
+        ("", False),
+    ],
+)
+def test_is_loopback_host(host: str, loopback: bool) -> None:
+    # The rule the server binds by and clients send credentials by (one definition).
+    assert is_loopback_host(host) is loopback
 
 
 def test_remote_http_error_does_not_echo_url_credentials(cfg_dir: Path) -> None:

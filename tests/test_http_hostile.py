@@ -16,6 +16,7 @@ from test_http_protocol import CONV, REPLY, Harness, _raw_exchange, assert_error
 
 from afterword.cli.serve import JsonLineFormatter
 from afterword.clients.operator import read_operator_token
+from afterword.http.server import ServeError, _bind
 from afterword.http.strictjson import MAX_JSON_DEPTH, check_body, nesting_depth
 
 pytestmark = pytest.mark.anyio
@@ -226,3 +227,11 @@ async def test_credentials_are_checked_before_any_body_is_read(tmp_path: Any) ->
             assert line.startswith("HTTP/1.1 401"), (path, line)
             assert body["error"]["code"] == "unauthorized"
         assert CONV and REPLY  # the harness binding above used the shared run ids
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.1", "example.com", "localhost.example.com"])
+def test_the_server_binds_only_a_loopback_host(host: str) -> None:
+    # A name that is not an IP address is refused with the same clear error, not a ValueError.
+    with pytest.raises(ServeError, match="non-loopback host"):
+        _bind(host, 0)
+

@@ -18,10 +18,10 @@ from typing import Any
 
 from ..clients.operator import OperatorClient, OperatorError, read_metrics_token, read_operator_token
 from ..config import Config
+from ..continuations.health import SEVERITY
 from ..disk import DiskError
 from .common import CONFIG_HELP, JSON_HELP, CliError, print_json, report, resolve_config
 
-EXIT_HEALTH = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 EXIT_UNREACHABLE = 3
 _ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
 _VERDICTS = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
@@ -77,7 +77,7 @@ def cmd_health(args: argparse.Namespace) -> int:
                 print(f"    {command}")
             if cause.count > len(cause.ids):
                 print(f"    ... and {cause.count - len(cause.ids)} more (afterword continuations list)")
-    return EXIT_HEALTH.get(health.status, 2)
+    return SEVERITY.get(health.status, SEVERITY["unhealthy"])
 
 
 def _next_command(args: argparse.Namespace, cursor: str) -> str:

@@ -20,7 +20,7 @@ from .load import (
     read_env_secret,
     synthesis_api_key,
 )
-from .mcp import is_loopback_url, parse_mcp_servers, select_continuation_servers
+from .mcp import is_loopback_host, is_loopback_url, parse_mcp_servers, select_continuation_servers
 from .model import (
     ChannelConfig,
     Config,
@@ -58,6 +58,7 @@ __all__ = [
     "config_from_mapping",
     "default_config",
     "detached_token",
+    "is_loopback_host",
     "is_loopback_url",
     "load_config",
     "missing_detached_tokens",

@@ -33,7 +33,7 @@ import msgspec
 
 from .model import ConfigError, McpServer, McpTransport, display_url, from_validation_error, json_path
 
-__all__ = ["is_loopback_url", "parse_mcp_servers", "select_continuation_servers"]
+__all__ = ["is_loopback_host", "is_loopback_url", "parse_mcp_servers", "select_continuation_servers"]
 
 _TYPES: dict[str, McpTransport] = {
     "stdio": "stdio",
@@ -71,7 +71,15 @@ def is_loopback_url(url: str) -> bool:
         return False
     if parts.scheme not in ("http", "https") or not host:
         return False
-    if host == "localhost":
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP address (any case, no brackets).
+
+    The one loopback rule: the server binds only such a host, and clients send a credential
+    only to a URL naming one."""
+    if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

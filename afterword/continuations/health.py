@@ -30,6 +30,9 @@ from typing import Literal
 from .model import Continuation, Tombstone
 
 Health = Literal["healthy", "degraded", "unhealthy"]
+# Each verdict as a number, worse is larger: `afterword continuations health` exits with it and
+# the afterword_health gauge reports it (docs/design.md, Contracts: command line).
+SEVERITY: dict[str, int] = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 ACTIVE = frozenset({"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"})
 CauseCode = Literal["delivery_unknown", "dead_lettered", "expired", "history_unrecorded", "held", "pending"]
 

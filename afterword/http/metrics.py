@@ -9,14 +9,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..continuations.health import SEVERITY
 from ..continuations.model import STATES
 from ..wal.log import FSYNC_BUCKETS
 
 if TYPE_CHECKING:
     from ..service import ContinuationService
-
-HEALTH_VALUE = {"healthy": 0, "degraded": 1, "unhealthy": 2}
-
 
 class ServiceCollector(Collector):
     def __init__(self, service: ContinuationService) -> None:
@@ -30,7 +28,7 @@ class ServiceCollector(Collector):
         yield by_state
         health = svc.continuation_health()
         yield GaugeMetricFamily(
-            "afterword_health", "0 healthy, 1 degraded, 2 unhealthy", value=HEALTH_VALUE[health.status]
+            "afterword_health", "0 healthy, 1 degraded, 2 unhealthy", value=SEVERITY[health.status]
         )
         worker = getattr(svc, "worker", None)
         depth = worker.queue_depth if worker is not None else 0

@@ -8,7 +8,6 @@ clear error instead of inside a background task.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import socket
 
@@ -16,13 +15,13 @@ import anyio
 from anyio.abc import TaskGroup
 from hypercorn.config import Config as HypercornConfig
 
+from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
 from ..service import ContinuationService
 from .app import create_app
 from .listener import AcceptLoop, connection_cap, serve_socket
 
 log = logging.getLogger("afterword.http")
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
 class ServeError(AfterwordError):
@@ -30,7 +29,7 @@ class ServeError(AfterwordError):
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    if host not in LOOPBACK_NAMES and not ipaddress.ip_address(host).is_loopback:
+    if not is_loopback_host(host):
         raise ServeError(f"refusing to serve on non-loopback host {host}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     addr = "127.0.0.1" if host == "localhost" else host
