@@ -41,7 +41,7 @@ def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
     shipped = {
         f"afterword/http/ui/{p.relative_to(ui)}"
         for p in ui.rglob("*")
-        if p.suffix in (".html", ".css", ".js")
+        if p.suffix in (".html", ".css", ".js", ".svg")
     }
     assert shipped and shipped <= names, shipped - names
     for example in ("work_control_server.py", "reference_host.py", "embed.py", "walkthrough.sh", "mcp.json"):

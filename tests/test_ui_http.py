@@ -188,7 +188,7 @@ async def test_pages_never_show_captured_text_payloads_or_tokens(tmp_path: Path)
             assert secret not in str(r.headers)
             assert r.headers["content-security-policy"] == CSP
             assert r.headers["x-frame-options"] == "DENY"
-            assert r.headers["referrer-policy"] == "no-referrer"
+            assert r.headers["referrer-policy"] == "same-origin"
             assert r.headers["cache-control"] == "no-store"
             found = audit(r.text)
             assert found.problems == [], (path, found.problems)

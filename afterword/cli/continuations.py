@@ -21,6 +21,7 @@ from ..config import Config
 from ..continuations.health import SEVERITY
 from ..disk import DiskError
 from .common import CONFIG_HELP, JSON_HELP, CliError, print_json, report, resolve_config
+from .ui import add_ui_parser
 
 EXIT_UNREACHABLE = 3
 _ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
@@ -447,3 +448,4 @@ def add_continuations_parser(sub: Any) -> None:
     common(dr)
     dr.add_argument("--state-dir", help="check this directory (e.g. a backup) instead of the config's")
     dr.set_defaults(func=cmd_doctor)
+    add_ui_parser(csub, common)

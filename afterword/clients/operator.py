@@ -16,7 +16,7 @@ from ..continuations.capabilities import metrics_token, operator_token
 from ..disk import StateRoot
 from ..errors import AfterwordError
 from ..protocol import paths
-from ..protocol.wire import DetailBody, HealthBody, ListResponse, StatusBody
+from ..protocol.wire import DetailBody, HealthBody, ListResponse, StatusBody, UiLoginBody
 from ..store.keys import METRICS, OPERATOR, derive_key
 from ..store.loading import SECRET, SECRET_BYTES
 
@@ -120,6 +120,10 @@ class OperatorClient:
         body = {"kind": kind, "deliveryId": delivery_id}
         data = self._call("POST", paths.url(paths.RESOLVE, cid=cid), body=body)
         return msgspec.json.decode(data, type=StatusBody)
+
+    def ui_login(self) -> UiLoginBody:
+        """A one-time login link to the status page (``afterword continuations ui``)."""
+        return msgspec.json.decode(self._call("POST", paths.UI_LOGIN), type=UiLoginBody)
 
     def metrics(self) -> str:
         return bytes(self._call("GET", paths.METRICS)).decode()

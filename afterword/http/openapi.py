@@ -34,9 +34,9 @@ from ..protocol.wire import (
     ResultRequest,
     RetryRequest,
     StatusBody,
+    UiLoginBody,
 )
 from .strictjson import MAX_JSON_DEPTH
-from .ui import LoginBody
 
 _ERRORS = {
     400: "invalid_request: malformed request, body or parameter, or a Host header that does not "
@@ -206,7 +206,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "A one-time login link to the status page (valid once, for a minute)",
         "operatorCapability",
         None,
-        LoginBody,
+        UiLoginBody,
         (400, 401),
     ),
     Operation(

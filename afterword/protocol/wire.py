@@ -162,3 +162,10 @@ class ResolveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 class RetryRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     allow_unknown: bool = False
+
+
+class UiLoginBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``POST /v1/operator/ui/login``: a one-time link to the status page (valid once, briefly)."""
+
+    login_url: str
+    expires_at: str

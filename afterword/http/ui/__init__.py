@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import weakref
 
-import msgspec
 from quart import Quart
 
 from ...continuations.rules import format_ms
+from ...protocol.wire import UiLoginBody
 from ...service import ContinuationService
 from .activity import ActivityRing
 from .auth import UiAuth
 from .routes import build_blueprint
 
-__all__ = ["LoginBody", "StatusPage", "install_ui"]
-
-
-class LoginBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``POST /v1/operator/ui/login``: a one-time link to the status page."""
-
-    login_url: str
-    expires_at: str
+__all__ = ["StatusPage", "install_ui"]
 
 
 class StatusPage:
@@ -39,9 +32,9 @@ class StatusPage:
     def __repr__(self) -> str:
         return f"<StatusPage {self.auth!r} {self.activity!r}>"
 
-    def login(self) -> LoginBody:
+    def login(self) -> UiLoginBody:
         token, expires = self.auth.mint_login()
-        return LoginBody(
+        return UiLoginBody(
             login_url=f"{self.service.base_url}/ui/login?token={token}", expires_at=format_ms(expires)
         )
 

@@ -1,0 +1,49 @@
+"""``afterword continuations ui [--open]``: a one-time login link to the status page.
+
+The CLI spends the operator capability once, over the loopback operator API, to have the
+running service mint a link that works once and for a minute; the capability itself never
+reaches the browser (docs/operating.md, "The status page").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import webbrowser
+from typing import Any
+
+from .common import print_json
+
+_DESCRIPTION = (
+    "Print a login link for the status page that `afterword serve` shows under /ui. The link "
+    "works once, within a minute, and signs the browser in with a session cookie that expires; "
+    "the operator capability itself never reaches the browser. Run it as the user that owns "
+    "the state directory, on the machine the service runs on."
+)
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from .continuations import _client  # the operator capability, derived from the state secret
+
+    _, client = _client(args)
+    try:
+        body = client.ui_login()
+    finally:
+        client.close()
+    if args.json:
+        print_json(body)
+    else:
+        print(body.login_url)
+        print(f"valid once, until {body.expires_at}", file=sys.stderr)
+    if args.open and not webbrowser.open(body.login_url):
+        print("afterword: no browser could be started; open the link above yourself", file=sys.stderr)
+    return 0
+
+
+def add_ui_parser(csub: Any, common: Any) -> None:
+    p = csub.add_parser(
+        "ui", help="print (or --open) a one-time login link to the status page", description=_DESCRIPTION
+    )
+    common(p)
+    p.add_argument("--open", action="store_true", help="also open the link in the default browser")
+    p.set_defaults(func=cmd_ui)
