@@ -17,8 +17,8 @@ import pytest
 from _cli import CLI, FakeWebhook, Server, cli, env, served, write_operator_config
 
 from afterword import __version__
-from afterword.cli.continuations import _state_label
 from afterword.cli.main import build_parser
+from afterword.cli.render import state_label as _state_label
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -37,10 +37,8 @@ def resolve_config(path: str | None, *, check_secrets: bool = True) -> Config:
     return default_config(os.getcwd())
 
 
-
 def print_json(obj: object) -> None:
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode() + "\n")
-
 
 
 def report(args: argparse.Namespace, code: str, message: str, exit_code: int) -> int:
@@ -50,7 +48,6 @@ def report(args: argparse.Namespace, code: str, message: str, exit_code: int) ->
     else:
         print(f"afterword: {message}", file=sys.stderr)
     return exit_code
-
 
 
 class Parser(argparse.ArgumentParser):

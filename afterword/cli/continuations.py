@@ -21,6 +21,7 @@ from ..config import Config
 from ..continuations.health import SEVERITY
 from ..disk import DiskError
 from .common import CONFIG_HELP, JSON_HELP, CliError, print_json, report, resolve_config
+from .render import print_detail, print_health, print_page
 from .ui import add_ui_parser
 
 EXIT_UNREACHABLE = 3
@@ -52,7 +53,6 @@ def _operator_secret(config: Config, read: Callable[[Config], str]) -> str:
         ) from None
 
 
-
 def cmd_health(args: argparse.Namespace) -> int:
     try:
         _, client = _client(args)
@@ -67,17 +67,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     if args.json:
         print_json(health)
     else:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(health.counts.items())) or "no continuations"
-        extra = (
-            f"; {health.history_unrecorded} delivered without history" if health.history_unrecorded else ""
-        )
-        print(f"{health.status}: {counts}{extra}")
-        for cause in health.causes:
-            print(f"  {cause.code} ({cause.status}): {cause.count} - {cause.message}")
-            for command in cause.commands:
-                print(f"    {command}")
-            if cause.count > len(cause.ids):
-                print(f"    ... and {cause.count - len(cause.ids)} more (afterword continuations list)")
+        print_health(health)
     return SEVERITY.get(health.status, SEVERITY["unhealthy"])
 
 
@@ -92,9 +82,6 @@ def _next_command(args: argparse.Namespace, cursor: str) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     _, client = _client(args)
     try:
         page = client.list(limit=args.limit, cursor=args.cursor)
@@ -103,41 +90,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(page)
         return 0
-    table = Table(box=None, pad_edge=False)
-    columns = ("ID", "STATE", "OUTCOME", "ORIGIN", "MODE", "SERVER", "ATTEMPTS", "UPDATED", "LAST ERROR")
-    for col in columns:
-        table.add_column(col, no_wrap=col != "LAST ERROR")
-    for item in page.items:
-        table.add_row(
-            item.continuation_id,
-            # Sticky warning: posting it again needs retry --allow-unknown.
-            _state_label(item.state, item.held, item.next_attempt_at)
-            + (" (unproven post)" if item.post_unproven else ""),
-            item.outcome or "",
-            item.origin_context,
-            item.mode,
-            item.server_name + (f" ({item.route})" if item.route else ""),
-            f"{item.attempts.synthesis}/{item.attempts.delivery}",
-            item.updated_at,
-            item.last_error.code if item.last_error else "",
-        )
-    console = Console(width=200, highlight=False, soft_wrap=True)
-    if page.items:
-        console.print(table)
-    else:
-        console.print("no continuations")
-    if page.next_cursor:
-        console.print(f"more records remain; next page:\n  {_next_command(args, page.next_cursor)}")
+    print_page(page, _next_command(args, page.next_cursor) if page.next_cursor else None)
     return 0
-
-
-def _state_label(state: str, held: bool, next_attempt_at: str | None) -> str:
-    # A held retry waits for an operator; a scheduled one will run by itself.
-    if held:
-        return f"{state} (held)"
-    if next_attempt_at:
-        return f"{state} (next {next_attempt_at})"
-    return state
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -149,42 +103,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(detail)
         return 0
-    st = detail.status
-    rows: list[tuple[str, str]] = [
-        ("id", st.continuation_id),
-        ("state", _state_label(st.state, st.held, st.next_attempt_at)),
-        ("outcome", st.outcome or "-"),
-        ("completion kind", st.completion_kind or "-"),
-        ("kind / mode", f"{st.kind} / {st.mode}"),
-        ("origin context", st.origin_context),
-        ("server", detail.server_name + (f" (route {detail.route})" if detail.route else "")),
-        ("task key", detail.task_key),
-        ("attempts", f"synthesis {st.attempts.synthesis}, delivery {st.attempts.delivery} (all rounds)"),
-        ("last error", f"{st.last_error.code}: {st.last_error.message}" if st.last_error else "-"),
-        ("created", st.created_at),
-        ("updated", st.updated_at),
-        ("expires", st.expires_at),
-        ("deferred", "yes (waiting for the origin run to settle)" if st.deferred else "no"),
-    ]
-    if st.compacted:
-        rows.append(("compacted", "yes: payload and text dropped by retention (origin shows 'scrubbed')"))
-    receipt = st.receipt
-    if receipt is not None:
-        rows += [
-            ("receipt", f"{receipt.kind} at {receipt.delivered_at}"),
-            ("  channel", receipt.channel_id or "-"),
-            ("  delivery ids", ", ".join(receipt.delivery_ids) or "-"),
-            (
-                "  history recorded",
-                "yes" if receipt.history_recorded else f"no ({receipt.history_error_code or 'unknown'})",
-            ),
-        ]
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key.ljust(width)}  {value}")
-    print("history" + ("" if detail.history_complete else " (earlier entries not kept)") + ":")
-    for h in detail.history:
-        print(f"  {h.at}  {h.state}" + (f"  ({h.error})" if h.error else ""))
+    print_detail(detail)
     return 0
 
 
@@ -285,7 +204,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if diagnosis.healthy else 2
 
 
-
 def operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
     cid = getattr(args, "id", None)
     hints = {
@@ -296,7 +214,6 @@ def operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
     }
     hint = hints.get(exc.status)
     return f"{exc} ({exc.code})" + (f"; {hint}" if hint else "")
-
 
 
 def add_continuations_parser(sub: Any) -> None:
