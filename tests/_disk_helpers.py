@@ -15,7 +15,7 @@ from afterword.wal import WalOptions
 MiB = 1024 * 1024
 
 # Small, fast segments: tests never need the production 16 MiB zero-filled slots.
-SMALL = StoreOptions(wal=WalOptions(segment_size=4 * MiB, max_payload=3 * MiB, zero_fill=False))
+SMALL = StoreOptions(wal=WalOptions(segment_size=8 * MiB, max_payload=3 * MiB, zero_fill=False))
 
 # The ownership lock rewrites owner.db (pid row, SQLite change counter) on every open attempt,
 # so its bytes are not state. Its bytes are also never read here: opening and closing any

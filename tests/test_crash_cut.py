@@ -26,8 +26,9 @@ from afterword.store import Delete, Mutation, Put, RecordStore, StoreOptions
 from afterword.store.evidence import EvidenceError
 from afterword.wal import WalEvidenceError, WalOptions
 from afterword.wal.frame import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
+from afterword.wal.shadow import decode_shadow_at, shadow_size
 
-WAL = WalOptions(segment_size=2048, max_payload=1024, max_log_bytes=1 << 20)
+WAL = WalOptions(segment_size=2304, max_payload=1024, max_log_bytes=1 << 20)
 OPTIONS = StoreOptions(wal=WAL, auto_checkpoint=False, checkpoint_threads=1)
 RANDOM_CUTS = 60
 
@@ -168,8 +169,12 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Workload:
                 )
             )
             offset = frame.end
-        chain.append((name, base, offset))
-        base += offset
+        # The segment's last write left its shadow copy behind its frames: a cut destroys
+        # that too (a surviving shadow would prove the write whole, and restore it).
+        shadow = decode_shadow_at(data, offset, salt)
+        end = offset if shadow is None else offset + shadow_size(len(shadow.copy))
+        chain.append((name, base, end))
+        base += end
     assert [f.lsn for f in frames] == [lsn for lsn, _ in log]
     assert len(chain) >= 4, "the workload must cross several segment boundaries"
     assert any(name in base_images for name, _, _ in chain), "a recycled slot must be in the chain"

@@ -16,7 +16,7 @@ from afterword.store import Put, RecordStore, StoreLockedError
 LOCKED_EXIT = 3
 
 # The children open with the same small-segment options as the tests (_disk_helpers.SMALL).
-_OPTIONS = "StoreOptions(wal=WalOptions(segment_size=4 << 20, max_payload=3 << 20, zero_fill=False))"
+_OPTIONS = "StoreOptions(wal=WalOptions(segment_size=8 << 20, max_payload=3 << 20, zero_fill=False))"
 
 # Tries to open the store once; reports the outcome as a marker line and an exit code.
 _TRY_OPEN = textwrap.dedent(

@@ -18,8 +18,8 @@ from _disk_helpers import SMALL, abandon
 
 from afterword.store import FORMAT, Put, RecordStore, StoreCorruptError, open_readonly
 from afterword.store.evidence import EvidenceError
-from afterword.wal import WalCorruptError, WalEvidenceError
-from afterword.wal.frame import SEGMENT_HEADER_SIZE
+from afterword.wal import Frame, WalCorruptError, WalEvidenceError
+from afterword.wal.frame import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 Rule = tuple[type[Exception], str]
 
@@ -183,19 +183,58 @@ def test_item4_manifest_restored_from_an_earlier_copy_fails_closed(tmp_path: obj
         open_readonly(path, options=SMALL, attempts=1)
 
 
-def _flip_last_frame(path: str) -> None:
-    seg = _tail_segment(path)
+def _flip(seg: str, offset: int, bit: int = 0) -> None:
     with open(seg, "r+b") as fh:
-        data = fh.read()
-        end = len(data.rstrip(b"\0"))
-        fh.seek(end - 1)
-        fh.write(bytes([data[end - 1] ^ 0x01]))
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ (1 << bit)]))
 
 
-def test_item5_flipped_bit_in_an_acknowledged_last_frame_fails_closed(tmp_path: object) -> None:
+def _last_frame(path: str) -> tuple[str, Frame]:
+    seg = _tail_segment(path)
+    data = Path(seg).read_bytes()
+    header = decode_segment_header(data)
+    assert header is not None
+    offset, frame = SEGMENT_HEADER_SIZE, None
+    while (nxt := decode_frame_at(data, offset, header.salt, len(data))) is not None:
+        frame, offset = nxt, nxt.end
+    assert frame is not None
+    return seg, frame
+
+
+# Byte offsets of a frame's fields: marker, length, lsn, batch_start, checksum, payload.
+FIELDS = {"marker": 0, "length": 5, "lsn": 8, "batch_start": 16, "checksum": 24, "payload": 33}
+
+
+@pytest.mark.parametrize("killed", [True, False], ids=["killed", "clean-stop"])
+@pytest.mark.parametrize("field", FIELDS)
+def test_item5_flipped_bit_in_the_acknowledged_last_frame_is_restored_from_its_shadow(
+    tmp_path: object, field: str, killed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last frame of a log is written after the last MANIFEST write: only its write's
+    shadow copy can tell a flipped bit from a torn write, and it restores the frame."""
+    path = str(tmp_path)
+    acked = _make(path, killed=killed)
+    seg, frame = _last_frame(path)
+    _flip(seg, frame.offset + FIELDS[field], 6)
+    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+        assert {r.key: r.value for r in store.items()} == acked
+    assert any("restored lsn" in r.getMessage() for r in caplog.records)
+    assert not any("cut a torn tail" in r.getMessage() for r in caplog.records)
+    assert [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+        assert {r.key: r.value for r in store.items()} == acked  # the primary was rewritten
+    assert not caplog.records
+
+
+def test_item5_last_frame_and_its_shadow_both_damaged_after_a_clean_stop_fails_closed(tmp_path: object) -> None:
     path = str(tmp_path)
     _make(path, killed=False)  # a clean stop records the last acknowledged lsn
-    _flip_last_frame(path)
+    seg, frame = _last_frame(path)
+    _flip(seg, frame.offset + FIELDS["payload"])
+    _flip(seg, frame.end + 8)  # the shadow behind the write
     _refused(path, "acknowledged_lost")
     assert not [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
 
@@ -205,12 +244,27 @@ def test_item5_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
 ) -> None:
     path = str(tmp_path)
     acked = _make(path, killed=True)
-    _flip_last_frame(path)  # indistinguishable from a torn final write: nothing later proves it
+    seg, frame = _last_frame(path)
+    # A write that never completed: its frame is damaged and no whole shadow proves it
+    # reached the disk, so it was never acknowledged and may be cut.
+    _flip(seg, frame.offset + FIELDS["payload"])
+    _flip(seg, frame.end + 8)
     with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
         got = {r.key: r.value for r in store.items()}
     assert got == {k: v for k, v in acked.items() if k != "k:6"}
     assert any("cut a torn tail" in r.getMessage() for r in caplog.records)
     assert [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
+
+
+def test_item5_damaged_shadow_alone_is_harmless(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
+    path = str(tmp_path)
+    acked = _make(path, killed=True)
+    seg, frame = _last_frame(path)
+    _flip(seg, frame.end + 8)
+    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+        assert {r.key: r.value for r in store.items()} == acked
+    assert not caplog.records
+    assert not [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
 
 
 def test_manifest_missing_beside_a_log_fails_closed(tmp_path: object) -> None:

@@ -171,13 +171,15 @@ def test_segment_creation_failure_poisons(state_dir: str) -> None:
     with RecordStore.open(state_dir, disk=disk, options=SMALL) as store:
         store.transact_sync([Put("a", b"1")])
         store.transact_sync([Put("big:1", b"x" * big)])
+        store.transact_sync([Put("big:2", b"z" * big)])
         segments = store.wal.log_bytes
         disk.fail_fsync = True
         with pytest.raises(DurabilityError) as info:
-            store.transact_sync([Put("big:2", b"y" * big)])  # does not fit the first segment
+            # With its shadow copy it does not fit the first segment.
+            store.transact_sync([Put("big:3", b"y" * big)])
         assert info.value.operation == "fsync" and info.value.path.endswith(".seg")
         disk.fail_fsync = False
-        assert store.get("big:2") is None
+        assert store.get("big:3") is None
         assert_refuses_everything(store, disk)
         assert store.wal.log_bytes >= segments
-    check_recovered(state_dir, {"a": b"1", "big:1": b"x" * big}, {})
+    check_recovered(state_dir, {"a": b"1", "big:1": b"x" * big, "big:2": b"z" * big}, {})

@@ -14,7 +14,7 @@ from _disk_helpers import SMALL, abandon, snapshot
 
 from afterword.disk import UnsafeStateError
 from afterword.store import Put, RecordStore, StoreCorruptError, open_readonly
-from afterword.wal.frame import SEGMENT_HEADER_SIZE
+from afterword.wal.frame import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 
 def _fill(path: str, n: int, *, checkpoint_after: int | None = None, killed: bool = False) -> None:
@@ -63,17 +63,43 @@ def test_torn_tail_is_left_out_not_cut(tmp_path: object) -> None:
     path = str(tmp_path)
     _fill(path, 3, killed=True)  # no clean close: nothing records lsn 3 as acknowledged
     seg = os.path.join(path, "wal", "00000000.seg")
+    data = _flip_last_frame(seg)
     with open(seg, "r+b") as fh:
-        data = fh.read()
-        # The last frame: flip a byte inside it so its checksum fails (a torn final write).
-        end = data.rstrip(b"\x00")
-        fh.seek(len(end) - 1)
-        fh.write(bytes([end[-1] ^ 0xFF]))
+        # ... and the shadow behind its write: a torn final write, which is cut.
+        fh.seek(len(data.rstrip(b"\x00")) - 1)
+        fh.write(b"\xff")
     before = snapshot(path)
     view = open_readonly(path, options=SMALL)
     assert view.lsn == 2 and view.get("k:2") is None and view.get("k:1") is not None
     assert snapshot(path) == before  # no .broken copy, nothing zeroed
     assert len(data) > SEGMENT_HEADER_SIZE
+
+
+def _flip_last_frame(seg: str) -> bytes:
+    """Flip a payload byte of the segment's last frame; return the bytes before."""
+    with open(seg, "r+b") as fh:
+        data = fh.read()
+    header = decode_segment_header(data)
+    assert header is not None
+    offset, last = SEGMENT_HEADER_SIZE, None
+    while (frame := decode_frame_at(data, offset, header.salt, len(data))) is not None:
+        last, offset = frame, frame.end
+    assert last is not None
+    with open(seg, "r+b") as fh:
+        fh.seek(last.offset + 33)
+        fh.write(bytes([data[last.offset + 33] ^ 0x04]))
+    return data
+
+
+def test_damaged_last_frame_with_a_whole_shadow_is_read_from_the_shadow(tmp_path: object) -> None:
+    path = str(tmp_path)
+    _fill(path, 3, killed=True)
+    seg = os.path.join(path, "wal", "00000000.seg")
+    _flip_last_frame(seg)
+    before = snapshot(path)
+    view = open_readonly(path, options=SMALL)
+    assert view.lsn == 3 and view.get("k:2") is not None
+    assert snapshot(path) == before  # read-only: the restore is left to the owner's open
 
 
 def test_damage_fails_closed_as_a_real_open_does(tmp_path: object) -> None:

@@ -27,6 +27,7 @@ from afterword.wal.frame import (
     decode_segment_header,
     frame_size,
 )
+from afterword.wal.shadow import SHADOW_OVERHEAD
 
 BIG = WalOptions(segment_size=64 * 1024, max_payload=1024, max_log_bytes=1024 * 1024)
 SMALL = WalOptions(segment_size=4096, max_payload=1024, max_log_bytes=3 * 4096)
@@ -344,10 +345,12 @@ def test_segments_switch_when_full(state_dir: str) -> None:
     seqs = sorted(headers.values())
     assert [seq for seq, _ in seqs] == list(range(1, len(seqs) + 1))
     assert seqs[0][1] == 1
-    # Each new segment starts with the frame that did not fit into the previous one.
+    # Each new segment starts with the frame that, with the shadow copy of its write (a
+    # write of one frame here), did not fit into the previous one.
     for (_, first), (_, nxt) in itertools.pairwise(seqs):
         size = sum(frame_size(len(payloads[lsn - 1])) for lsn in range(first, nxt))
-        assert SEGMENT_HEADER_SIZE + size + frame_size(len(payloads[nxt - 1])) > SMALL.segment_size
+        last = frame_size(len(payloads[nxt - 1]))
+        assert SEGMENT_HEADER_SIZE + size + 2 * last + SHADOW_OVERHEAD > SMALL.segment_size
 
 
 @pytest.mark.anyio
@@ -420,6 +423,13 @@ def _damage(path: Path, offset: int) -> bytes:
     return bytes(data)
 
 
+def _tear(path: Path, frame: Frame) -> bytes:
+    """Damage ``frame`` and the shadow of its write, which sits right behind the last frame
+    of a write: what a write that never completed leaves (nothing proves it whole)."""
+    _damage(path, frame.offset + FRAME_HEADER_SIZE + 2)
+    return _damage(path, frame.end + 8)
+
+
 def test_torn_tail_is_saved_aside_then_zeroed(state_dir: str) -> None:
     wal, _ = open_wal(state_dir)
     for i in range(5):
@@ -427,7 +437,7 @@ def test_torn_tail_is_saved_aside_then_zeroed(state_dir: str) -> None:
     wal.close()
     frames = reopen_frames(state_dir)
     seg = segment_path(state_dir, 0)
-    damaged = _damage(seg, frames[4].offset + FRAME_HEADER_SIZE + 2)
+    damaged = _tear(seg, frames[4])
 
     wal, frames2 = open_wal(state_dir)
     assert [f.lsn for f in frames2] == [1, 2, 3, 4]
@@ -448,7 +458,7 @@ def test_torn_tail_is_saved_aside_then_zeroed(state_dir: str) -> None:
     assert [f.payload for f in frames3][-1] == b"new five"
     assert not (Path(state_dir) / "wal" / "00000000.broken.1").exists()
 
-    _damage(seg, frames3[-1].offset + FRAME_HEADER_SIZE)  # a second tear gets its own copy
+    _tear(seg, frames3[-1])  # a second tear gets its own copy
     wal.close()
     assert [f.lsn for f in reopen_frames(state_dir)] == [1, 2, 3, 4]
     assert (Path(state_dir) / "wal" / "00000000.broken.1").exists()
@@ -467,6 +477,7 @@ async def test_leftovers_of_a_torn_group_write_are_cut_together(state_dir: str) 
     assert [f.batch_start for f in frames] == [1, 2, 2]
     seg = segment_path(state_dir, 0)
     _damage(seg, frames[1].offset + FRAME_HEADER_SIZE)
+    _damage(seg, frames[2].end + 8)  # the write's shadow: it never completed
     assert [f.lsn for f in reopen_frames(state_dir)] == [1]
     after = seg.read_bytes()
     assert after[frames[1].offset : frames[2].end] == bytes(frames[2].end - frames[1].offset)

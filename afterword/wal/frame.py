@@ -2,7 +2,8 @@
 
 Segment header (64 bytes, little endian)::
 
-    0   8  magic  b"AWWAL\\x03\\x00\\x00"
+    0   8  magic  b"AWWAL\\x04\\x00\\x00" (v4: batches carry a shadow, see ``shadow.py``;
+                  b"AWWAL\\x03\\x00\\x00" segments, written before shadows, still replay)
     8   8  seq          segment sequence number (monotonic across the pool)
     16  8  salt         random per segment life; seeds every frame checksum
     24  8  first_lsn    lsn of the first frame this segment life holds
@@ -27,7 +28,9 @@ from typing import NamedTuple
 
 import xxhash
 
-SEGMENT_MAGIC = b"AWWAL\x03\x00\x00"
+SEGMENT_MAGIC_V3 = b"AWWAL\x03\x00\x00"
+SEGMENT_MAGIC = b"AWWAL\x04\x00\x00"
+SEGMENT_VERSIONS = {SEGMENT_MAGIC_V3: 3, SEGMENT_MAGIC: 4}
 SEGMENT_HEADER_SIZE = 64
 FRAME_HEADER_SIZE = 32
 ALIGN = 8
@@ -41,6 +44,7 @@ class SegmentHeader(NamedTuple):
     seq: int
     salt: int
     first_lsn: int
+    version: int = 4  # 3: written before batches carried shadows (no restore possible)
 
 
 class Frame(NamedTuple):
@@ -64,7 +68,8 @@ def marker_for(salt: int) -> int:
 
 
 def encode_segment_header(header: SegmentHeader) -> bytes:
-    body = _SEG.pack(SEGMENT_MAGIC, header.seq, header.salt, header.first_lsn)
+    magic = SEGMENT_MAGIC if header.version == 4 else SEGMENT_MAGIC_V3
+    body = _SEG.pack(magic, header.seq, header.salt, header.first_lsn)
     return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
 
 
@@ -77,9 +82,10 @@ def decode_segment_header(data: bytes) -> SegmentHeader | None:
     if xxhash.xxh3_64_intdigest(body) != check:
         return None
     magic, seq, salt, first_lsn = _SEG.unpack(body)
-    if magic != SEGMENT_MAGIC:
+    version = SEGMENT_VERSIONS.get(magic)
+    if version is None:
         return None
-    return SegmentHeader(seq, salt, first_lsn)
+    return SegmentHeader(seq, salt, first_lsn, version)
 
 
 def encode_frame(salt: int, lsn: int, batch_start: int, payload: bytes) -> bytes:

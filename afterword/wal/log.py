@@ -30,7 +30,8 @@ from .frame import (
     encode_segment_header,
     frame_size,
 )
-from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_chain
+from .scan import NamedSegment, Restore, SegmentImage, check_acked, check_named, scan_chain
+from .shadow import SHADOW_OVERHEAD, encode_shadow
 
 log = logging.getLogger("afterword.wal")
 MiB = 1024 * 1024
@@ -50,14 +51,16 @@ class WalOptions:
     """
 
     segment_size: int = 16 * MiB
-    max_payload: int = 8 * MiB
+    max_payload: int = 8 * MiB - 4096  # the largest frame and its shadow fit in a 16 MiB segment
     max_log_bytes: int = 64 * MiB
     zero_fill: bool = True
     unsafe_no_fsync: bool = False
 
     def __post_init__(self) -> None:
-        if self.segment_size < SEGMENT_HEADER_SIZE + frame_size(self.max_payload):
-            raise ValueError("segment_size must hold the segment header and the largest frame")
+        if self.segment_size < SEGMENT_HEADER_SIZE + 2 * frame_size(self.max_payload) + SHADOW_OVERHEAD:
+            # Every write carries a shadow copy of itself (``shadow.py``), so that damage to
+            # the last write is repaired from the copy instead of being cut as a torn write.
+            raise ValueError("segment_size must hold the segment header and the largest frame twice (frame + shadow)")
         if self.segment_size % 8:
             raise ValueError("segment_size must be a multiple of 8")
 
@@ -206,6 +209,8 @@ class WriteAheadLog:
             if header is not None and header.seq >= start_seq and slot not in plan.free_slots:
                 max_seq = max(max_seq, header.seq)
                 seg.header = header
+        for restore in plan.restores:
+            self._restore(restore, by_slot)
         if plan.repair is not None:
             self._repair(plan.repair.slot, plan.repair.start, plan.repair.stop, by_slot)
             log.warning(
@@ -238,20 +243,45 @@ class WriteAheadLog:
         self._next_seq = max_seq + 1
         self.next_lsn = plan.next_lsn
         self.durable_lsn = plan.next_lsn - 1
-        if plan.tail_slot is not None:
-            self._tail = self._segments[plan.tail_slot]
+        if plan.tail_header is not None and plan.tail_header.version >= 4:
+            self._tail = self._segments[plan.tail_slot]  # type: ignore[index]
             self._tail_offset = plan.tail_offset
+        # A v3 tail (written before shadows) is left as it is: the next write starts a v4
+        # life, so every frame written from now on has a shadow behind its write.
         for slot in self._chain:
             self._segments[slot].named = True  # on disk already: durable
         return plan.frames
 
-    def _repair(self, slot: int, start: int, stop: int, images: dict[int, SegmentImage]) -> None:
-        """Save the damaged segment aside, then zero the torn tail so it is never reread."""
+    def _save_broken(self, slot: int, images: dict[int, SegmentImage]) -> str:
         root = self.root
         n = 0
         while root.exists(f"{self.rel_dir}/{slot:08d}.broken.{n}"):
             n += 1
         root.write_atomic(f"{self.rel_dir}/{slot:08d}.broken.{n}", images[slot].data)
+        return root.path(f"{self.rel_dir}/{slot:08d}.broken.{n}")
+
+    def _restore(self, restore: Restore, images: dict[int, SegmentImage]) -> None:
+        """Rewrite a damaged write from its shadow, durably, keeping the damaged bytes aside."""
+        saved = self._save_broken(restore.slot, images)
+        seg = self._segments[restore.slot]
+        self.root.pwrite(seg.handle, restore.data, restore.offset)
+        self.root.fdatasync(seg.handle)
+        log.warning(
+            "wal: restored lsn %d-%d of %s (bytes %d-%d) from the shadow copy of their write: "
+            "the frames were damaged after the write reached the disk whole; damaged bytes "
+            "saved as %s",
+            restore.first_lsn,
+            restore.last_lsn,
+            self.root.path(self._slot_rel(restore.slot)),
+            restore.offset,
+            restore.offset + len(restore.data),
+            saved,
+        )
+
+    def _repair(self, slot: int, start: int, stop: int, images: dict[int, SegmentImage]) -> None:
+        """Save the damaged segment aside, then zero the torn tail so it is never reread."""
+        root = self.root
+        self._save_broken(slot, images)
         seg = self._segments[slot]
         root.pwrite(seg.handle, b"\x00" * (stop - start), start)
         root.fdatasync(seg.handle)
@@ -303,16 +333,24 @@ class WriteAheadLog:
         self._segments[slot] = seg
         return seg
 
+    def _starts_life(self, present: bool, part_start: int, offset: int, size: int) -> bool:
+        """Whether a frame of ``size`` at ``offset`` must go to a new segment life: there is
+        no tail, or the write's part in this segment (from ``part_start``) and its shadow
+        would not fit."""
+        end = offset + size
+        return not present or end + SHADOW_OVERHEAD + (end - part_start) > self.options.segment_size
+
     def _slots_needed(self, items: Sequence[tuple[int, bytes]]) -> int:
         """How many new segment lives writing ``items`` will start."""
         need = 0
-        offset = self._tail_offset
+        offset = part_start = self._tail_offset
         present = self._tail is not None
         for _, payload in items:
             size = frame_size(len(payload))
-            if not present or offset + size > self.options.segment_size:
+            if self._starts_life(present, part_start, offset, size):
                 need += 1
-                offset, present = SEGMENT_HEADER_SIZE, True
+                offset = part_start = SEGMENT_HEADER_SIZE
+                present = True
             offset += size
         return need
 
@@ -365,17 +403,18 @@ class WriteAheadLog:
         replay passes over) and ``StorageFullError`` leaves the log as it was.
         """
         lives: list[_Segment] = []
-        offset = self._tail_offset
+        offset = part_start = self._tail_offset
         present = self._tail is not None
         for lsn, payload in items:
             size = frame_size(len(payload))
-            if not present or offset + size > self.options.segment_size:
+            if self._starts_life(present, part_start, offset, size):
                 seg = self._new_slot()
                 seg.header = SegmentHeader(self._next_seq, secrets.randbits(64) | 1, lsn)
                 seg.named = self.on_segment_start is None
                 self._next_seq += 1
                 lives.append(seg)
-                offset, present = SEGMENT_HEADER_SIZE, True
+                offset = part_start = SEGMENT_HEADER_SIZE
+                present = True
             offset += size
         if not lives or self.on_segment_start is None:
             return lives
@@ -405,30 +444,34 @@ class WriteAheadLog:
         lives = iter(self._start_lives(items))
         self._frames_written = True
         touched: list[_Segment] = []
+        head: list[bytes] = []  # the segment header, when it is not durable yet
         parts: list[bytes] = []
         part_offset = self._tail_offset
+        part_first = batch_start
         seg = self._tail
         for lsn, payload in items:
             size = frame_size(len(payload))
-            if seg is None or self._tail_offset + size > self.options.segment_size:
+            if self._starts_life(seg is not None, part_offset, self._tail_offset, size):
                 if seg is not None and parts:
-                    self._pwrite(seg, parts, part_offset)
+                    self._write_part(seg, head, parts, part_offset, part_first, lsn - 1)
                 seg = next(lives)
                 assert seg.header is not None and seg.header.first_lsn == lsn
                 self._tail = seg
-                self._tail_offset = SEGMENT_HEADER_SIZE
+                self._tail_offset = part_offset = SEGMENT_HEADER_SIZE
+                part_first = lsn
                 if self.on_segment_start is not None:
-                    parts, part_offset = [], SEGMENT_HEADER_SIZE  # header already durable
+                    head = []  # header already durable
                 else:
                     self._chain.append(seg.slot)
-                    parts, part_offset = [encode_segment_header(seg.header)], 0
+                    head = [encode_segment_header(seg.header)]
+            assert seg is not None  # a missing tail always starts a life
             if seg not in touched:
                 touched.append(seg)
             assert seg.header is not None
             parts.append(encode_frame(seg.header.salt, lsn, batch_start, payload))
             self._tail_offset += size
         assert seg is not None
-        self._pwrite(seg, parts, part_offset)
+        self._write_part(seg, head, parts, part_offset, part_first, items[-1][0])
         for s in touched:
             self.root.check_identity(s.handle)
             if not self.options.unsafe_no_fsync:
@@ -439,6 +482,17 @@ class WriteAheadLog:
         self.stats.batches += 1
         self.stats.commits += len(items)
         self.stats.max_batch = max(self.stats.max_batch, len(items))
+
+    def _write_part(
+        self, seg: _Segment, head: list[bytes], parts: list[bytes], offset: int, first: int, last: int
+    ) -> None:
+        """Write one segment's part of a batch (frames ``first..last`` from ``offset``) and its
+        shadow behind it, with the segment header in front when that is not durable yet."""
+        assert seg.header is not None
+        frames = b"".join(parts)
+        shadow = encode_shadow(seg.header.salt, offset, first, last, frames)
+        self._pwrite(seg, [*head, frames, *shadow], offset - SEGMENT_HEADER_SIZE if head else offset)
+        parts.clear()
 
     def _pwrite(self, seg: _Segment, parts: list[bytes], offset: int) -> None:
         data = b"".join(parts)

@@ -9,6 +9,10 @@ salt marker). A frame found there whose ``batch_start`` is greater than the firs
 ``N`` belongs to a write issued after the write holding ``N`` had been made durable, so the
 log lost acknowledged data: :class:`WalCorruptError`. Frames with ``batch_start <= N`` are
 leftovers of the torn, unacknowledged write and are cut away by repair.
+
+In a v4 segment, before the end is declared, a valid shadow (``shadow.py``) covering ``N``
+proves the write holding ``N`` reached the disk whole: its frames are taken from the copy
+and restored, never cut.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .frame import (
     is_end_marker,
     marker_for,
 )
+from .shadow import Shadow, find_shadow
 
 
 class SegmentImage(NamedTuple):
@@ -42,6 +47,16 @@ class Repair(NamedTuple):
     stop: int  # one past the last byte of leftover frames of this segment life
 
 
+class Restore(NamedTuple):
+    """A damaged write whose shadow is whole: rewrite ``data`` at ``offset`` of ``slot``."""
+
+    slot: int
+    offset: int
+    data: bytes
+    first_lsn: int  # first lsn the primary frames could not give
+    last_lsn: int
+
+
 class ReplayPlan(NamedTuple):
     frames: list[Frame]
     next_lsn: int
@@ -51,6 +66,7 @@ class ReplayPlan(NamedTuple):
     chain_seqs: list[int]
     repair: Repair | None  # torn tail to cut (after saving a .broken copy)
     free_slots: list[int]  # chain segments past the end: leftovers to release
+    restores: list[Restore]  # writes to restore from their shadow (before any repair)
 
 
 def _our_frames_after(data: bytes, start: int, salt: int, max_payload: int) -> tuple[list[Frame], int]:
@@ -91,6 +107,7 @@ def scan_chain(
     tail_header: SegmentHeader | None = None
     repair: Repair | None = None
     free_slots: list[int] = []
+    restores: list[Restore] = []
     ended = False
 
     for index, (header, image) in enumerate(chain):
@@ -108,12 +125,23 @@ def scan_chain(
             continue
         data = image.data
         offset = SEGMENT_HEADER_SIZE
+        seg_first = len(frames)
         while True:
             frame = None if is_end_marker(data, offset) else decode_frame_at(
                 data, offset, header.salt, max_payload
             )
             if frame is None or frame.lsn != expect:
-                break
+                if header.version < 4:
+                    break
+                shadow = find_shadow(data, header.salt, offset, expect)
+                restored = _from_shadow(shadow, frames, seg_first, expect, offset, header.salt, max_payload)
+                if shadow is None or restored is None:
+                    break
+                restores.append(Restore(image.slot, shadow.start, shadow.copy, expect, shadow.last_lsn))
+                frames.extend(restored)
+                expect = shadow.last_lsn + 1
+                offset = shadow.offset
+                continue
             frames.append(frame)
             expect += 1
             offset = frame.end
@@ -133,7 +161,44 @@ def scan_chain(
         chain_seqs=live,
         repair=repair,
         free_slots=free_slots,
+        restores=restores,
     )
+
+
+def _from_shadow(
+    shadow: Shadow | None,
+    frames: list[Frame],
+    seg_first: int,
+    expect: int,
+    offset: int,
+    salt: int,
+    max_payload: int,
+) -> list[Frame] | None:
+    """The frames from ``expect`` on that ``shadow`` restores, or None if it does not fit here.
+
+    The shadow must cover a write that starts where this segment has it: at ``offset`` when
+    the write's first lsn is ``expect``, else at the offset of the frame already read with
+    that lsn (the write's undamaged beginning).
+    """
+    if shadow is None:
+        return None
+    if shadow.first_lsn == expect:
+        if shadow.start != offset:
+            return None
+    else:
+        index = len(frames) - (expect - shadow.first_lsn)
+        if index < seg_first or frames[index].offset != shadow.start:
+            return None
+    out: list[Frame] = []
+    pos, lsn = 0, shadow.first_lsn
+    while pos < len(shadow.copy):
+        frame = decode_frame_at(shadow.copy, pos, salt, max_payload)
+        if frame is None or frame.lsn != lsn:
+            return None
+        if lsn >= expect:
+            out.append(frame._replace(offset=shadow.start + pos, end=shadow.start + frame.end))
+        pos, lsn = frame.end, lsn + 1
+    return out if lsn == shadow.last_lsn + 1 and pos == len(shadow.copy) else None
 
 
 def _check_leftovers(leftovers: list[Frame], first_missing: int, slot: int) -> None:
