@@ -14,6 +14,7 @@ import pytest
 
 from afterword.store import evidence
 from afterword.wal import log as wal_log
+from afterword.wal import scan as wal_scan
 from tools.crashsim.__main__ import _seeds, main
 from tools.crashsim.damage import DAMAGE_WORKLOADS, KINDS, run_damage
 from tools.crashsim.runner import Scratch
@@ -47,6 +48,9 @@ def test_damage_fails_closed_or_opens_exactly(name: str, seed: int, scratch: Scr
         assert sum(result.counts[kind].values()) > 0, kind
     if name == "checkpoint":  # MANIFEST versions to roll back to exist only with checkpoints
         assert result.counts["manifest-rollback"]["fail_closed"] > 0
+    # A flipped bit in the last frame is repaired from its write's shadow: never refused.
+    flips = result.counts["tail_bitflip"]
+    assert flips["exact"] == sum(flips.values()) >= result.snapshots
 
 
 def test_the_family_catches_a_store_without_evidence(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,6 +61,14 @@ def test_the_family_catches_a_store_without_evidence(scratch: Scratch, monkeypat
     result = run_damage(get_workload("checkpoint")(seed=0), scratch, budget=30)
     assert result.total("silent_loss") > 0
     assert any("silent_loss" in e for e in result.examples)
+
+
+def test_tail_bitflips_are_silent_losses_without_shadows(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the shadow restore a flipped bit in the last frame reads as a torn write and
+    is cut: the kind is known to be able to find that loss."""
+    monkeypatch.setattr(wal_scan, "find_shadow", lambda *a, **k: None)
+    result = run_damage(get_workload("store-tx")(seed=0), scratch)
+    assert result.counts["tail_bitflip"]["silent_loss"] > 0
 
 
 def test_cli_reports_counts_and_replays_one_case(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,10 @@ Anything else is a violation: ``silent_loss`` (opened holding an earlier prefix:
 work gone), ``wrong`` (opened holding a state no prefix explains) or ``unnamed`` (refused
 with an error that is not one of the fail-closed kinds, e.g. a traceback).
 
+``tail_bitflip`` flips one bit of the last WAL frame (in its marker, length, lsn,
+batch_start, checksum or payload): a kill leaves that frame after the last MANIFEST write, so
+no evidence but the write's shadow copy can tell the damage from a torn write.
+
 Targets are the store's files: ``MANIFEST``, ``secret``, ``owner.db``, ``records/*`` and
 ``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
 record is read).
@@ -34,13 +38,17 @@ from dataclasses import dataclass, field
 from afterword.disk import DiskError, NoSyncDisk
 from afterword.store import StoreError
 from afterword.wal import WalError
+from afterword.wal.frame import SEGMENT_HEADER_SIZE, Frame, decode_frame_at, decode_segment_header
 
 from .runner import Scratch
 from .workloads import ACKED, Journal, Observation, Workload
 
 DAMAGE_WORKLOADS = ("store-tx", "checkpoint", "blobs")
 OUTCOMES = ("fail_closed", "exact", "silent_loss", "wrong", "unnamed")
-KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "manifest-rollback")
+KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "manifest-rollback")
+# Byte offsets inside a frame that tail_bitflip hits, one per field (the payload is found
+# at run time): marker, length, lsn, batch_start, checksum.
+_FRAME_FIELDS = (("marker", 1), ("length", 5), ("lsn", 9), ("batch_start", 17), ("checksum", 25), ("payload", -1))
 _TARGET_DIRS = ("records", "wal")
 _TOP_FILES = ("MANIFEST", "secret")
 _FAIL_CLOSED = (StoreError, WalError, DiskError)
@@ -60,7 +68,7 @@ class Case:
     snapshot: int  # index into the snapshots
     kind: str
     target: str  # relative path damaged
-    version: int = -1  # manifest-rollback: index of the earlier MANIFEST
+    version: int = -1  # manifest-rollback: index of the earlier MANIFEST; tail_bitflip: field
 
     @property
     def ident(self) -> str:
@@ -126,6 +134,23 @@ def record_snapshots(workload: Workload, scratch: Scratch) -> list[Snapshot]:
     return snapshots
 
 
+def last_frame(files: dict[str, bytes]) -> tuple[str, Frame] | None:
+    """The WAL's last written frame: the last whole frame of the segment with the highest seq."""
+    best: tuple[int, str, Frame] | None = None
+    for rel, data in files.items():
+        if not (rel.startswith("wal/") and rel.endswith(".seg")):
+            continue
+        header = decode_segment_header(data)
+        if header is None:
+            continue
+        offset, frame = SEGMENT_HEADER_SIZE, None
+        while (nxt := decode_frame_at(data, offset, header.salt, len(data))) is not None:
+            frame, offset = nxt, nxt.end
+        if frame is not None and (best is None or header.seq > best[0]):
+            best = (header.seq, rel, frame)
+    return None if best is None else (best[1], best[2])
+
+
 def enumerate_cases(snapshots: Sequence[Snapshot]) -> list[Case]:
     cases: list[Case] = []
     manifests: list[bytes] = []
@@ -140,6 +165,11 @@ def enumerate_cases(snapshots: Sequence[Snapshot]) -> list[Case]:
             if len(data) > 1:
                 cases.append(Case(i, "truncate-half", target))
         cases.append(Case(i, "garbage", "owner.db"))
+        tail = last_frame(snap.files)
+        if tail is not None:
+            for field_index, (name, _) in enumerate(_FRAME_FIELDS):
+                if name != "payload" or tail[1].payload:
+                    cases.append(Case(i, "tail_bitflip", tail[0], field_index))
         current = snap.files.get("MANIFEST")
         for v, old in enumerate(manifests):
             if old != current:
@@ -185,6 +215,15 @@ def damaged_files(case: Case, snapshots: Sequence[Snapshot], seed: int) -> dict[
         files[case.target] = data[: len(data) // 2]
     elif case.kind == "garbage":
         files[case.target] = rng.randbytes(max(len(data), 4096 if case.target == "owner.db" else 1))
+    elif case.kind == "tail_bitflip":
+        found = last_frame(files)
+        assert found is not None and found[0] == case.target
+        frame = found[1]
+        at = _FRAME_FIELDS[case.version][1]
+        at = frame.offset + (at if at >= 0 else 32 + rng.randrange(len(frame.payload)))
+        flipped = bytearray(data)
+        flipped[at] ^= 1 << rng.randrange(8)
+        files[case.target] = bytes(flipped)
     elif case.kind == "manifest-rollback":
         files["MANIFEST"] = _manifest_versions(snapshots)[case.version]
     return files

@@ -82,7 +82,7 @@ def small_options(segment_size: int, max_payload: int, max_log_bytes: int) -> St
 class StoreWorkload(Workload):
     """Base of the record-store workloads: a script of steps over numbered transactions."""
 
-    options: ClassVar[StoreOptions] = small_options(512, 256, 1 << 20)
+    options: ClassVar[StoreOptions] = small_options(704, 256, 1 << 20)
     blob_quota: ClassVar[int | None] = None  # open a BlobStore beside the records
 
     def __init__(self, *, seed: int, ops: int | None = None) -> None:
@@ -374,7 +374,7 @@ class StoreTransactions(StoreWorkload):
     name = "store-tx"
     summary = "record-store transactions: sync commits, a group commit, a clean reopen"
     default_ops = 8
-    options = small_options(512, 256, 1 << 20)
+    options = small_options(704, 256, 1 << 20)
 
     def script(self) -> None:
         keys, live = ["a", "b", "c", "d"], dict[str, bytes]()
@@ -402,9 +402,9 @@ class CheckpointRecycling(StoreWorkload):
     """Commits over tiny segments so checkpoints (explicit and automatic) recycle them."""
 
     name = "checkpoint"
-    summary = "checkpoints with segment recycling: 512-byte segments, 1 KiB log cap, group commits"
+    summary = "checkpoints with segment recycling: 704-byte segments, 1 KiB log cap, group commits"
     default_ops = 16
-    options = small_options(512, 256, 1024)
+    options = small_options(704, 256, 1024)
 
     def script(self) -> None:
         keys, live = ["k1", "k2", "k3", "k4", "k5"], dict[str, bytes]()
@@ -429,7 +429,7 @@ class BlobLifecycle(StoreWorkload):
     name = "blobs"
     summary = "blob put + reference + sweep: records referencing content-addressed blobs"
     default_ops = 6
-    options = small_options(1024, 512, 1 << 20)
+    options = small_options(1280, 512, 1 << 20)
     blob_quota = 1 << 20
 
     def script(self) -> None:
