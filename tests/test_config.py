@@ -16,9 +16,9 @@ import pytest
 from afterword.config import (
     Config,
     ConfigError,
-    OutboxChannel,
-    SlackChannel,
-    WebhookChannel,
+    OutboxChannelConfig,
+    SlackChannelConfig,
+    WebhookChannelConfig,
     channel_allows,
     config_from_mapping,
     default_config,
@@ -158,7 +158,7 @@ def test_spec_example_loads_with_every_value(cfg_dir: Path) -> None:
     assert config.continuation_servers == ("work-control",)
     assert config.mcp_config_path == str(cfg_dir / "mcp.json")
     assert config.synthesis.provider == "template"
-    assert config.channels == {"*": OutboxChannel(path=str(cfg_dir / "outbox.jsonl"))}
+    assert config.channels == {"*": OutboxChannelConfig(path=str(cfg_dir / "outbox.jsonl"))}
 
 
 def test_omitted_values_take_the_documented_defaults(cfg_dir: Path) -> None:
@@ -216,7 +216,7 @@ def test_default_config_is_the_documented_defaults(tmp_path: Path) -> None:
     assert config.enabled is True
     assert config.base_url == "http://127.0.0.1:4319"
     assert config.state_dir == str(tmp_path / ".mono-agent" / "continuations")
-    assert config.channels == {"*": OutboxChannel(path=str(tmp_path / "outbox.jsonl"))}
+    assert config.channels == {"*": OutboxChannelConfig(path=str(tmp_path / "outbox.jsonl"))}
     assert config.named_routes == {} and config.detached_services == {} and config.mcp_servers == {}
 
 
@@ -236,7 +236,7 @@ def test_relative_paths_resolve_against_the_config_folder_not_the_cwd(
     config = load_config(os.path.relpath(write(cfg_dir, doc), elsewhere), environ={})
     assert config.mcp_config_path == str(cfg_dir / "mcp.json")
     assert config.state_dir == str(cfg_dir / "st")
-    assert config.channels["*"] == OutboxChannel(path=str(cfg_dir / "out" / "o.jsonl"))
+    assert config.channels["*"] == OutboxChannelConfig(path=str(cfg_dir / "out" / "o.jsonl"))
     assert config.mcp_servers["work-control"].cwd == str(cfg_dir / "tools")
     absolute = load(cfg_dir, {"continuations": {"stateDir": str(tmp_path / "abs")}})
     assert absolute.state_dir == str(tmp_path / "abs")
@@ -1044,12 +1044,12 @@ def test_channels_parse_each_adapter(cfg_dir: Path) -> None:
         }
     }
     channels = load(cfg_dir, doc, env={}).channels
-    assert channels["slack"] == SlackChannel(
+    assert channels["slack"] == SlackChannelConfig(
         base_url="https://slack.com/api", token_env="SLACK_BOT_TOKEN", allow=("slack:C1",)
     )
-    assert channels["fake"] == SlackChannel(base_url="http://127.0.0.1:7000/api", token_env="T")
-    assert channels["hook"] == WebhookChannel(url="https://hooks.example/x", headers={"X-A": "1"})
-    assert channels["*"] == OutboxChannel(path=str(cfg_dir / "outbox.jsonl"))
+    assert channels["fake"] == SlackChannelConfig(base_url="http://127.0.0.1:7000/api", token_env="T")
+    assert channels["hook"] == WebhookChannelConfig(url="https://hooks.example/x", headers={"X-A": "1"})
+    assert channels["*"] == OutboxChannelConfig(path=str(cfg_dir / "outbox.jsonl"))
     assert [c.adapter for c in channels.values()] == ["slack", "slack", "webhook", "outbox"]
 
 
@@ -1084,7 +1084,7 @@ def test_channel_for_routes_by_first_segment_with_fallback(cfg_dir: Path) -> Non
     ],
 )
 def test_channel_allows(allow: tuple[str, ...] | None, conversation_id: str, allowed: bool) -> None:
-    channel = OutboxChannel(path="/o", allow=allow)
+    channel = OutboxChannelConfig(path="/o", allow=allow)
     assert channel_allows(channel, conversation_id) is allowed
 
 
@@ -1104,3 +1104,15 @@ def test_request_context_servers_are_independent_of_continuation_servers(tmp_pat
     (tmp_path / "afterword.json").write_text(_json.dumps(doc))
     config = load_config(tmp_path / "afterword.json", environ={})
     assert config.continuation_servers == ("work-control",)
+
+
+def test_channel_settings_and_channel_adapters_have_different_names() -> None:
+    import afterword.config as config_module
+    from afterword.worker import channels as adapters
+
+    for kind in ("Outbox", "Slack", "Webhook"):
+        settings = getattr(config_module, f"{kind}ChannelConfig")
+        assert settings.__name__ == f"{kind}ChannelConfig"
+        assert getattr(adapters, settings.__name__, None) is None
+        # The old settings name stays importable from afterword.config, as the same class.
+        assert getattr(config_module, f"{kind}Channel") is settings

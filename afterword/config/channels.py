@@ -8,7 +8,14 @@ from typing import Any
 import msgspec
 
 from .checks import check_conversation_id, check_env_name, check_url, resolve_path
-from .model import ChannelConfig, ConfigError, OutboxChannel, SlackChannel, WebhookChannel, json_path
+from .model import (
+    ChannelConfig,
+    ConfigError,
+    OutboxChannelConfig,
+    SlackChannelConfig,
+    WebhookChannelConfig,
+    json_path,
+)
 from .raw import RawChannel, RawOutbox, RawSlack, convert
 
 DEFAULT_OUTBOX = "outbox.jsonl"
@@ -34,7 +41,7 @@ def build_channels(
     raw: dict[str, Any] | msgspec.UnsetType, config_dir: str, file: str | None
 ) -> dict[str, ChannelConfig]:
     if isinstance(raw, msgspec.UnsetType):
-        return {"*": OutboxChannel(path=os.path.join(config_dir, DEFAULT_OUTBOX))}
+        return {"*": OutboxChannelConfig(path=os.path.join(config_dir, DEFAULT_OUTBOX))}
     if not raw:
         raise ConfigError(
             "continuations.channels",
@@ -63,17 +70,17 @@ def build_channels(
         channel: ChannelConfig
         if isinstance(entry, RawOutbox):
             outbox = DEFAULT_OUTBOX if entry.path is None else entry.path
-            channel = OutboxChannel(
+            channel = OutboxChannelConfig(
                 path=resolve_path(config_dir, outbox, json_path(path, "path"), file), allow=allow
             )
         elif isinstance(entry, RawSlack):
-            channel = SlackChannel(
+            channel = SlackChannelConfig(
                 base_url=check_url(entry.base_url, json_path(path, "baseUrl"), file).rstrip("/"),
                 token_env=check_env_name(entry.token_env, json_path(path, "tokenEnv"), file),
                 allow=allow,
             )
         else:
-            channel = WebhookChannel(
+            channel = WebhookChannelConfig(
                 url=check_url(entry.url, json_path(path, "url"), file),
                 headers=_string_map(entry.headers, json_path(path, "headers"), file),
                 allow=allow,

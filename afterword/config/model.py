@@ -28,10 +28,13 @@ __all__ = [
     "McpServer",
     "NamedRoute",
     "OutboxChannel",
+    "OutboxChannelConfig",
     "Retention",
     "SlackChannel",
+    "SlackChannelConfig",
     "SynthesisConfig",
     "WebhookChannel",
+    "WebhookChannelConfig",
     "channel_allows",
 ]
 
@@ -201,7 +204,7 @@ class SynthesisConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int = 1024
 
 
-class OutboxChannel(msgspec.Struct, frozen=True, kw_only=True):
+class OutboxChannelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Append each delivered chunk as one JSON line to ``path`` (absolute)."""
 
     adapter: ClassVar[str] = "outbox"
@@ -209,7 +212,7 @@ class OutboxChannel(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...] | None = None
 
 
-class SlackChannel(msgspec.Struct, frozen=True, kw_only=True):
+class SlackChannelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """``chat.postMessage`` into the thread; ``base_url`` is configurable for local fakes."""
 
     adapter: ClassVar[str] = "slack"
@@ -218,7 +221,7 @@ class SlackChannel(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...] | None = None
 
 
-class WebhookChannel(msgspec.Struct, frozen=True, kw_only=True):
+class WebhookChannelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """POST one JSON body per chunk to ``url`` with an idempotency header."""
 
     adapter: ClassVar[str] = "webhook"
@@ -228,12 +231,18 @@ class WebhookChannel(msgspec.Struct, frozen=True, kw_only=True):
 
     def __repr__(self) -> str:
         return (
-            f"WebhookChannel(url={display_url(self.url)!r}, headers={_masked(self.headers)!r}, "
+            f"WebhookChannelConfig(url={display_url(self.url)!r}, headers={_masked(self.headers)!r}, "
             f"allow={self.allow!r})"
         )
 
 
-ChannelConfig = OutboxChannel | SlackChannel | WebhookChannel
+ChannelConfig = OutboxChannelConfig | SlackChannelConfig | WebhookChannelConfig
+
+# The settings classes used to share their names with the adapters in afterword.worker.channels;
+# the old names stay importable.
+OutboxChannel = OutboxChannelConfig
+SlackChannel = SlackChannelConfig
+WebhookChannel = WebhookChannelConfig
 
 
 def channel_allows(channel: ChannelConfig, conversation_id: str) -> bool:
