@@ -38,6 +38,7 @@ from .continuations.capabilities import (
     parse_claim_token,
     result_token,
     verify_bearer,
+    verify_host_token,
     verify_metrics_token,
     verify_operator_token,
     verify_result_token,
@@ -168,6 +169,7 @@ class ContinuationService:
         self._k_claim = derive_key(secret, "claim-capabilities")
         self._k_operator = derive_key(secret, "operator")
         self._k_metrics = derive_key(secret, "metrics")
+        self._k_host = derive_key(secret, "host")
         self._k_claim_mac = derive_key(secret, "claim-binding")
         self._k_cursor = derive_key(secret, "operator-cursor")
         self.repo = Repository(store)
@@ -206,6 +208,10 @@ class ContinuationService:
     def verify_operator(self, token: str) -> None:
         if not verify_operator_token(self._k_operator, token):
             raise Unauthorized("operator capability required")
+
+    def verify_host(self, token: str) -> None:
+        if not verify_host_token(self._k_host, token):
+            raise Unauthorized("host capability required")
 
     def verify_metrics_reader(self, token: str) -> None:
         """The metrics endpoint opens to the operator or to the read-only metrics capability."""

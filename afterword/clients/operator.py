@@ -12,12 +12,12 @@ import httpx
 import msgspec
 
 from ..config import Config
-from ..continuations.capabilities import metrics_token, operator_token
+from ..continuations.capabilities import host_token, metrics_token, operator_token
 from ..disk import StateRoot
 from ..errors import AfterwordError
 from ..protocol import paths
 from ..protocol.wire import DetailBody, HealthBody, ListResponse, StatusBody, UiLoginBody
-from ..store.keys import METRICS, OPERATOR, derive_key
+from ..store.keys import HOST, METRICS, OPERATOR, derive_key
 from ..store.loading import SECRET, SECRET_BYTES
 
 
@@ -45,6 +45,11 @@ def read_operator_token(config: Config) -> str:
 def read_metrics_token(config: Config) -> str:
     """The read-only metrics capability (opens ``GET /v1/operator/metrics`` and nothing else)."""
     return metrics_token(derive_key(_read_secret(config), METRICS))
+
+
+def read_host_token(config: Config) -> str:
+    """The host capability (the ``/v1/host`` API only; see docs/host-api.md)."""
+    return host_token(derive_key(_read_secret(config), HOST))
 
 
 class OperatorClient:

@@ -42,6 +42,8 @@ from .secrets import (
 )
 from .sections import build_detached_services, build_mcp, build_named_routes, build_synthesis
 
+MAX_RUN_LEASE_MS = 60 * 60 * 1000
+
 # The names below were all defined here before the loader was split; they stay importable.
 __all__ = [
     "DEFAULT_HOST",
@@ -91,6 +93,11 @@ def config_from_mapping(
     port = check_port(block.port, file)
     state_dir = resolve_path(config_dir, block.state_dir, "continuations.stateDir", file)
     limits = Limits(**positive_ints(block.limits, "continuations.limits", file))
+    if limits.run_lease_ms > MAX_RUN_LEASE_MS:
+        # A run's claim capability lasts an hour; a longer lease would outlive it.
+        raise ConfigError(
+            "continuations.limits.runLeaseMs", f"must be at most {MAX_RUN_LEASE_MS} (one hour)", file=file
+        )
     retention = Retention(**positive_ints(block.retention, "continuations.retention", file))
     named_routes = build_named_routes(block.named_routes, file)
     # A disabled service never authenticates detached callers, so their tokens need not be set.

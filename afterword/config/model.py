@@ -126,6 +126,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     # HTTP bounds against slow or numerous clients (docs/http-hardening.md).
     max_connections: int = 256
     body_timeout_ms: int = 10_000
+    # A run bound over the host API is abandoned when its host stops calling for this long.
+    run_lease_ms: int = 60_000
 
 
 class Retention(msgspec.Struct, frozen=True, kw_only=True):

@@ -36,6 +36,7 @@ class RawLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename=
     operator_page_size: int = _LIMIT_DEFAULTS.operator_page_size
     max_connections: int = _LIMIT_DEFAULTS.max_connections
     body_timeout_ms: int = _LIMIT_DEFAULTS.body_timeout_ms
+    run_lease_ms: int = _LIMIT_DEFAULTS.run_lease_ms
 
 
 class RawRetention(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):

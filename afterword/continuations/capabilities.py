@@ -18,6 +18,7 @@ CLAIM_TOKEN_PREFIX = "awc1."
 RESULT_TOKEN_PREFIX = "awr1."
 OPERATOR_TOKEN_PREFIX = "awo1."
 METRICS_TOKEN_PREFIX = "awm1."
+HOST_TOKEN_PREFIX = "awh1."
 
 
 def _b64(data: bytes) -> str:
@@ -74,6 +75,15 @@ def metrics_token(key: bytes) -> str:
 
 def verify_metrics_token(key: bytes, token: str) -> bool:
     return hmac.compare_digest(metrics_token(key).encode(), token.encode())
+
+
+def host_token(key: bytes) -> str:
+    """The host capability: binds runs and reads captured text over the host API, nothing else."""
+    return HOST_TOKEN_PREFIX + _b64(_mac(key, "host-capability"))
+
+
+def verify_host_token(key: bytes, token: str) -> bool:
+    return hmac.compare_digest(host_token(key).encode(), token.encode())
 
 
 def verify_bearer(expected: str, presented: str) -> bool:

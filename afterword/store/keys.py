@@ -18,6 +18,7 @@ __all__ = [
     "CLAIM_BINDING",
     "CLAIM_CAPABILITIES",
     "CONTINUATION_IDS",
+    "HOST",
     "METRICS",
     "OPERATOR",
     "OPERATOR_CURSOR",
@@ -36,6 +37,7 @@ Purpose = Literal[
     "claim-binding",
     "operator-cursor",
     "blob-binding",
+    "host",
 ]
 PURPOSES: Final[tuple[Purpose, ...]] = get_args(Purpose)
 
@@ -47,6 +49,7 @@ METRICS: Final = "metrics"  # the read-only metrics capability
 CLAIM_BINDING: Final = "claim-binding"  # the MAC over a claim's immutable metadata
 OPERATOR_CURSOR: Final = "operator-cursor"  # the MAC on operator list cursors
 BLOB_BINDING: Final = "blob-binding"  # the MAC binding a snapshot blob's digest to its claim
+HOST: Final = "host"  # the host capability (/v1/host/, a host in another process)
 
 
 def derive_key(secret: bytes, purpose: Purpose) -> bytes:
