@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from .app.hostruns import host_runs
 from .blobs import BlobStore
 from .config import Config, load_config
 from .continuations.errors import ServiceDisabled
@@ -73,6 +74,7 @@ async def open_service(
         async with anyio.create_task_group() as tg:
             if serve_http:
                 await http.start(tg)
+                tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
             if run_worker:
                 await tg.start(worker.run)
             try:

@@ -45,9 +45,11 @@ from schemathesis.checks import (
 )
 
 import afterword
-from afterword.clients.operator import read_operator_token
+from afterword.clients.operator import read_host_token, read_operator_token
 
 EXAMPLES = int(os.environ.get("AFTERWORD_SCHEMATHESIS_EXAMPLES", "10"))
+# A run bound over the host API, so its routes see a real run id in the path.
+HOST_RUN = {"runId": "fuzz-host-run", "conversationId": "local:fuzz#1", "replyTo": "local:fuzz"}
 pytestmark = pytest.mark.timeout(max(600, EXAMPLES * 8))  # a long run needs longer
 
 
@@ -99,6 +101,14 @@ class Live:
                 r.raise_for_status()
             self.cid = r.json()["continuationId"]
             self.tokens["resultToken"] = r.json()["resultToken"]
+            self.tokens["hostCapability"] = read_host_token(self.config)
+            async with httpx.AsyncClient(trust_env=False) as client:
+                begin = await client.post(
+                    self.base + "/v1/host/runs",
+                    headers={"Authorization": f"Bearer {self.tokens['hostCapability']}"},
+                    json=HOST_RUN,
+                )
+                begin.raise_for_status()
             self._ready.set()
             await anyio.to_thread.run_sync(self._stop.wait)
 
@@ -153,6 +163,12 @@ class Served:
                 },
             )
             r.raise_for_status()
+            self.tokens["hostCapability"] = read_host_token(self.config)
+            client.post(
+                self.base + "/v1/host/runs",
+                headers={"Authorization": f"Bearer {self.tokens['hostCapability']}"},
+                json=HOST_RUN,
+            ).raise_for_status()
         self.cid = r.json()["continuationId"]
         self.tokens["resultToken"] = r.json()["resultToken"]
         return self
@@ -233,6 +249,8 @@ def test_api_conforms_to_its_document(live: Live | Served, capsys: pytest.Captur
         fixed: dict[str, Any] = {}
         if "{cid}" in operation.path:
             fixed["path_parameters"] = {"cid": live.cid}
+        if "{runId}" in operation.path:
+            fixed["path_parameters"] = {"runId": HOST_RUN["runId"]}
         if any(p.get("name") == "X-Mono-Agent-Service-Name" for p in raw.get("parameters", [])):
             fixed["headers"] = {"X-Mono-Agent-Service-Name": "work-control"}
         # An operation with no parameter, body or credential (GET /v1/livez) has nothing a
@@ -241,11 +259,14 @@ def test_api_conforms_to_its_document(live: Live | Served, capsys: pytest.Captur
         modes = (
             (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if negatable else (GenerationMode.POSITIVE,)
         )
+        # The host API's routes share their decoding and errors with the rest: fewer examples
+        # each keep the suite's time in bounds (AFTERWORD_SCHEMATHESIS_EXAMPLES raises both).
+        per_op = max(1, examples // 2) if operation.path.startswith("/v1/host/") else examples
         for mode in modes:
             label = f"{operation.label} {mode.value}"
             try:
                 counts[label] = _fuzz(
-                    operation.as_strategy(mode, **fixed), headers, statuses, session, examples
+                    operation.as_strategy(mode, **fixed), headers, statuses, session, per_op
                 )
             except Unsatisfiable:
                 # Nothing of this operation can be made invalid (no body, parameters fixed).

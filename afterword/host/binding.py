@@ -85,6 +85,11 @@ class RunBinding:
     def servers(self) -> Sequence[str]:
         return sorted(self._caps)
 
+    @property
+    def claim_ids(self) -> list[str]:
+        """Every claim admitted under this run (active or finished), in admission order."""
+        return [cid for cap in self._caps.values() for cid in cap.claim_ids]
+
     def _reserved(self, server: str, names: tuple[str, ...]) -> dict[str, str]:
         """The reserved values for ``server`` under ``names`` (empty: no authority)."""
         cap = self._caps.get(server)

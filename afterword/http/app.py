@@ -92,8 +92,11 @@ def _decode(kind: type[T], data: bytes) -> T:
 def decode_json(kind: type[T], data: bytes) -> T:
     """A request body of wire type ``kind``; any defect is :class:`InvalidRequest`."""
     check_body(data)
+    decoder = _decoders.get(kind)
+    if decoder is None:  # a body type of another route module: built once, on first use
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
     try:
-        return _decoders[kind].decode(data)  # type: ignore[no-any-return]
+        return decoder.decode(data)  # type: ignore[no-any-return]
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid body: {exc}") from None
     except (msgspec.DecodeError, RecursionError):
@@ -290,6 +293,9 @@ def create_app(service: ContinuationService) -> Quart:
         _operator()
         return json_response(page.login())
 
+    from .hostapi import add_host_routes  # it uses this module's helpers
+
+    add_host_routes(app, service)
     document = openapi_bytes()
 
     @app.get(paths.OPENAPI)

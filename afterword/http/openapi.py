@@ -12,6 +12,7 @@ and that every listed status is actually produced.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import msgspec
 from ..continuations.model import STATES
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
+from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest, RunBody
 from ..protocol.wire import (
     ClaimRequest,
     ClaimResponse,
@@ -43,11 +45,11 @@ _ERRORS = {
     "name this loopback service",
     401: "unauthorized: no valid credential for this operation",
     403: "forbidden: the credential does not grant this destination",
-    404: "not_found: no such continuation",
+    404: "not_found: no such continuation (or run)",
     408: "timeout: the request body did not arrive within the body deadline",
     409: "conflict: contradicts what was already accepted, or the state does not allow it",
-    410: "closed: the capability or continuation no longer accepts this",
-    413: "too_large: the body exceeds this route's limit",
+    410: "closed: the capability, continuation or run no longer accepts this",
+    413: "too_large: the body exceeds this route's limit, or the origin snapshot its quota",
     429: "admission_limit: too many active continuations",
 }
 
@@ -242,12 +244,144 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
+_HOST = "hostCapability"
+HOST_OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "post",
+        paths.HOST_RUNS,
+        "beginRun",
+        "Bind a run: one claim capability per selected server (an identical repeat is idempotent)",
+        _HOST,
+        BeginRunRequest,
+        RunBody,
+        (400, 401, 408, 409, 413),
+    ),
+    Operation(
+        "get",
+        paths.HOST_RUN,
+        "getRun",
+        "A run's state, lease and claims",
+        _HOST,
+        None,
+        RunBody,
+        (400, 401, 404),
+    ),
+    Operation(
+        "post",
+        paths.HOST_HEARTBEAT,
+        "heartbeatRun",
+        "Renew the run's lease (every run call renews it too)",
+        _HOST,
+        None,
+        RunBody,
+        (400, 401, 404, 410),
+    ),
+    Operation(
+        "post",
+        paths.HOST_CLOSE,
+        "closeRun",
+        "Close the run's capabilities to new claims and drain admitted ones",
+        _HOST,
+        None,
+        RunBody,
+        (400, 401, 404),
+    ),
+    Operation(
+        "post",
+        paths.HOST_FINALIZE,
+        "finalizeRun",
+        "Bind the origin snapshot to every active claim, before the host commits its turn",
+        _HOST,
+        FinalizeRequest,
+        RunBody,
+        (400, 401, 404, 408, 410, 413),
+    ),
+    Operation(
+        "post",
+        paths.HOST_ACTIVATE,
+        "activateRun",
+        "The host committed its turn: publish the group activation marker",
+        _HOST,
+        None,
+        RunBody,
+        (400, 401, 404, 410),
+    ),
+    Operation(
+        "post",
+        paths.HOST_ABANDON,
+        "abandonRun",
+        "The turn failed before commit: its continuations take the fixed fallback answer",
+        _HOST,
+        None,
+        RunBody,
+        (400, 401, 404),
+    ),
+    Operation("get", paths.HOST_HEALTH, "hostHealth", "Service health", _HOST, None, HealthBody, (400, 401)),
+    Operation(
+        "get",
+        paths.HOST_LIST,
+        "hostListContinuations",
+        "List continuations (keyset pages)",
+        _HOST,
+        None,
+        ListResponse,
+        (400, 401),
+        query=(
+            ("limit", {"type": "string", "pattern": "^[0-9]{1,9}$"}),
+            ("cursor", {"type": "string"}),
+        ),
+    ),
+    Operation(
+        "get",
+        paths.HOST_CAPTURED_TEXT,
+        "capturedText",
+        "The retained text of a delivered capture continuation (host capability only)",
+        _HOST,
+        None,
+        CapturedTextBody,
+        (400, 401, 404),
+    ),
+    Operation(
+        "post",
+        paths.HOST_RETRY,
+        "hostRetry",
+        "Retry a failed or unknown delivery",
+        _HOST,
+        RetryRequest,
+        StatusBody,
+        (400, 401, 404, 408, 409, 413),
+        request_optional=True,
+    ),
+    Operation(
+        "post",
+        paths.HOST_CANCEL,
+        "hostCancel",
+        "Cancel a continuation",
+        _HOST,
+        None,
+        StatusBody,
+        (400, 401, 404, 409),
+    ),
+    Operation(
+        "post",
+        paths.HOST_RESOLVE,
+        "hostResolve",
+        "Resolve an unknown delivery",
+        _HOST,
+        ResolveRequest,
+        StatusBody,
+        (400, 401, 404, 408, 409, 413),
+    ),
+)
+OPERATIONS = OPERATIONS + HOST_OPERATIONS
+
 _SECURITY = {
     "claimCapability": "The run's claim token, handed to a selected tool server with its MCP request",
     "resultToken": "The resultToken from the claim response; valid for that continuation only",
     "detachedToken": f"The detached service's configured token (with {SERVICE_NAME_HEADER})",
     "operatorCapability": "Derived from the state directory's secret by the service's owner",
     "metricsCapability": "Read-only; opens the metrics only (afterword continuations metrics-token)",
+    "hostCapability": "Opens the /v1/host API only (afterword continuations host-token --file PATH)",
 }
 
 
@@ -259,8 +393,8 @@ def _operation(op: Operation) -> dict[str, Any]:
     ref = "#/components/schemas/{}"
     doc: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
     params: list[dict[str, Any]] = []
-    if "{cid}" in op.path:
-        params.append({"name": "cid", "in": "path", "required": True, "schema": {"type": "string"}})
+    for name in re.findall(r"\{(\w+)\}", op.path):
+        params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
     for name, schema in op.query:
         params.append({"name": name, "in": "query", "required": False, "schema": schema})
     for name, description in op.headers:

@@ -16,6 +16,19 @@ __all__ = [
     "CLAIM",
     "DETACHED_CLAIM",
     "HEALTH",
+    "HOST_ABANDON",
+    "HOST_ACTIVATE",
+    "HOST_CANCEL",
+    "HOST_CAPTURED_TEXT",
+    "HOST_CLOSE",
+    "HOST_FINALIZE",
+    "HOST_HEALTH",
+    "HOST_HEARTBEAT",
+    "HOST_LIST",
+    "HOST_RESOLVE",
+    "HOST_RETRY",
+    "HOST_RUN",
+    "HOST_RUNS",
     "LIST",
     "LIVEZ",
     "METRICS",
@@ -50,10 +63,25 @@ HEALTH = "/v1/operator/health"
 METRICS = "/v1/operator/metrics"
 UI_LOGIN = "/v1/operator/ui/login"  # mints a one-time link to the status page (/ui)
 
+# Host API routes: the host capability opens them (docs/host-api.md).
+HOST_RUNS = "/v1/host/runs"
+HOST_RUN = "/v1/host/runs/{runId}"
+HOST_HEARTBEAT = HOST_RUN + "/heartbeat"
+HOST_CLOSE = HOST_RUN + "/close"
+HOST_FINALIZE = HOST_RUN + "/finalize"
+HOST_ACTIVATE = HOST_RUN + "/activate"
+HOST_ABANDON = HOST_RUN + "/abandon"
+HOST_HEALTH = "/v1/host/health"
+HOST_LIST = "/v1/host/continuations"
+HOST_CAPTURED_TEXT = "/v1/host/continuations/{cid}/captured-text"
+HOST_RETRY = "/v1/host/continuations/{cid}/retry"
+HOST_CANCEL = "/v1/host/continuations/{cid}/cancel"
+HOST_RESOLVE = "/v1/host/continuations/{cid}/resolve"
+
 
 def route(template: str) -> str:
     """``template`` in Quart's rule syntax (``{cid}`` becomes ``<cid>``)."""
-    return template.replace("{cid}", "<cid>")
+    return template.replace("{cid}", "<cid>").replace("{runId}", "<runId>")
 
 
 def url(template: str, base: str = "", *, cid: str | None = None) -> str:

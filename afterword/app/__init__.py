@@ -1,0 +1,1 @@
+"""The application: repository, claims, runs (host binding), operator verbs, maintenance."""

@@ -1,0 +1,220 @@
+"""Runs bound through the host API: the app handle's run binding, kept by the service on
+behalf of a host in another process, with a lease (see :mod:`afterword.app.leases`).
+
+Every operation goes through the public handle (``begin_run`` and the ``RunBinding``
+methods); this module adds only what a remote host needs on top: a run id to find the
+binding again, idempotent ``begin``, a per-run lock so two calls on one run serialize, and
+the lease.
+
+A run is remembered for as long as the process lives, and for ``SETTLED_MEMORY_MS`` after it
+settled (so a host that lost a response can repeat its call). A restarted service forgets
+every run; its recovery abandons what was never activated, as for an embedded host.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..continuations.errors import Closed, Conflict, NotFound
+from ..continuations.rules import format_ms
+from ..protocol.host import AbandonReason, RunBody, RunState, ServerBinding
+from .leases import lapsed, lease_loop, lease_state
+
+if TYPE_CHECKING:
+    from ..host.binding import RunBinding
+    from ..service import ContinuationService
+
+log = logging.getLogger("afterword.host")
+
+SETTLED_MEMORY_MS = 60 * 60 * 1000  # as long as a closed claim capability answers repeats
+
+
+@dataclass
+class HostRun:
+    binding: RunBinding
+    lease_expires_at_ms: int
+    state: RunState = "open"
+    abandon_reason: AbandonReason | None = None
+    snapshot_digest: str | None = None
+    settled_at_ms: int | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    @property
+    def settled(self) -> bool:
+        return self.state in ("activated", "abandoned")
+
+    def same_binding(self, conversation_id: str, reply_to: str | None, mode: str) -> bool:
+        b = self.binding
+        return (b.conversation_id, b.reply_to, b.mode) == (conversation_id, reply_to, mode)
+
+
+class HostRuns:
+    """The service's registry of runs begun over the host API."""
+
+    def __init__(self, service: ContinuationService) -> None:
+        self._service = service
+        self.lease_ms = service.config.limits.run_lease_ms
+        self._runs: dict[str, HostRun] = {}
+
+    def __repr__(self) -> str:
+        open_ = sum(1 for r in self._runs.values() if not r.settled)
+        return f"<HostRuns open={open_} remembered={len(self._runs)} lease_ms={self.lease_ms}>"
+
+    def _now(self) -> int:
+        return self._service.clock_ms()
+
+    def begin(self, run_id: str, conversation_id: str, reply_to: str | None, mode: str) -> HostRun:
+        """Bind a run; an identical repeat returns the same binding (and renews its lease),
+        the same run id with a different binding is a conflict."""
+        run = self._runs.get(run_id)
+        if run is not None:
+            if not run.same_binding(conversation_id, reply_to, mode):
+                raise Conflict("this run id was already begun with a different binding")
+            if not run.settled:
+                run.lease_expires_at_ms = self._now() + self.lease_ms
+            return run
+        binding = self._service.begin_run(run_id, conversation_id, reply_to, mode)
+        run = HostRun(binding=binding, lease_expires_at_ms=self._now() + self.lease_ms)
+        self._runs[run_id] = run
+        log.info("host run %s begun (%d server(s))", run_id, len(binding.servers))
+        return run
+
+    def get(self, run_id: str) -> HostRun:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id} (never begun, or forgotten after a restart)")
+        return run
+
+    async def _live(self, run_id: str) -> HostRun:
+        """The run, its lapse applied first if due, else its lease renewed: any call on a run
+        proves its host alive."""
+        run = self.get(run_id)
+        if lease_state(run.lease_expires_at_ms, run.settled, self._now()) == "lapsed":
+            await self._lapse(run)
+        elif not run.settled:
+            run.lease_expires_at_ms = self._now() + self.lease_ms
+        return run
+
+    @staticmethod
+    def _refuse_if_abandoned(run: HostRun) -> None:
+        if run.state == "abandoned":
+            why = "its lease lapsed" if run.abandon_reason == "lease_lapsed" else "the host abandoned it"
+            raise Closed(f"run {run.binding.run_id} was abandoned ({why})")
+
+    async def heartbeat(self, run_id: str) -> HostRun:
+        run = await self._live(run_id)
+        self._refuse_if_abandoned(run)
+        return run
+
+    async def close(self, run_id: str) -> tuple[HostRun, list[str]]:
+        run = await self._live(run_id)
+        async with run.lock:
+            active = await run.binding.close()
+            if run.state == "open":
+                run.state = "closed"
+        return run, active
+
+    async def finalize(self, run_id: str, history: Sequence[Mapping[str, Any]]) -> HostRun:
+        run = await self._live(run_id)
+        async with run.lock:
+            self._refuse_if_abandoned(run)
+            if run.state == "activated":
+                raise Closed(f"run {run_id} is already activated")
+            run.snapshot_digest = await run.binding.finalize(history)
+            run.state = "finalized"
+        return run
+
+    async def activate(self, run_id: str) -> HostRun:
+        run = await self._live(run_id)
+        async with run.lock:
+            self._refuse_if_abandoned(run)
+            await run.binding.activate()
+            self._settle(run, "activated")
+        return run
+
+    async def abandon(self, run_id: str) -> HostRun:
+        run = await self._live(run_id)
+        async with run.lock:
+            if not run.settled:  # settlement is final: an activated run stays activated
+                await run.binding.abandon()
+                self._settle(run, "abandoned", "host")
+        return run
+
+    def _settle(self, run: HostRun, state: RunState, reason: AbandonReason | None = None) -> None:
+        run.state = state
+        run.abandon_reason = reason
+        run.settled_at_ms = self._now()
+
+    async def _lapse(self, run: HostRun) -> None:
+        async with run.lock:
+            # Judged again under the lock: a settlement may have finished while we waited.
+            if lease_state(run.lease_expires_at_ms, run.settled, self._now()) != "lapsed":
+                return
+            await run.binding.abandon()
+            self._settle(run, "abandoned", "lease_lapsed")
+        log.warning("host run %s abandoned: its lease lapsed before activation", run.binding.run_id)
+
+    async def expire_lapsed(self) -> list[str]:
+        """Abandon every run whose lease lapsed; forget runs settled long ago. Returns the
+        run ids abandoned now."""
+        now = self._now()
+        due = lapsed(((rid, r.lease_expires_at_ms, r.settled) for rid, r in self._runs.items()), now)
+        done = []
+        for run_id in due:
+            run = self._runs.get(run_id)
+            if run is not None:
+                await self._lapse(run)
+                if run.abandon_reason == "lease_lapsed":
+                    done.append(run_id)
+        for run_id in [
+            rid
+            for rid, r in self._runs.items()
+            if r.settled_at_ms is not None and now - r.settled_at_ms > SETTLED_MEMORY_MS
+        ]:
+            del self._runs[run_id]
+        return done
+
+    async def run(self) -> None:
+        """The lease loop, until cancelled."""
+        await lease_loop(self)
+
+    def body(self, run: HostRun) -> RunBody:
+        b = run.binding
+        claims = []
+        for cid in b.claim_ids:
+            try:
+                claims.append(self._service.continuation_detail(cid).status)
+            except NotFound:
+                continue  # dropped by retention long after it ended
+        return RunBody(
+            run_id=b.run_id,
+            conversation_id=b.conversation_id,
+            reply_to=b.reply_to,
+            mode=b.mode,
+            state=run.state,
+            abandon_reason=run.abandon_reason,
+            servers=[
+                ServerBinding(server=s, env=b.stdio_env(s), headers=b.http_headers(s)) for s in b.servers
+            ],
+            lease_ms=self.lease_ms,
+            lease_expires_at=format_ms(run.lease_expires_at_ms),
+            snapshot_digest=run.snapshot_digest,
+            claims=claims,
+        )
+
+
+_registries: weakref.WeakKeyDictionary[ContinuationService, HostRuns] = weakref.WeakKeyDictionary()
+
+
+def host_runs(service: ContinuationService) -> HostRuns:
+    """The one registry of ``service`` (created on first use)."""
+    runs = _registries.get(service)
+    if runs is None:
+        runs = _registries[service] = HostRuns(service)
+    return runs

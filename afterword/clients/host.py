@@ -1,0 +1,198 @@
+"""A Python client of the host API: the app handle's run binding over loopback HTTP.
+
+:class:`HostClient` mirrors the in-process handle, so a host written against
+``service.begin_run(...)`` runs unchanged against an ``afterword serve`` sidecar::
+
+    async with HostClient(base_url, host_token) as host:
+        run = await host.begin_run(run_id, conversation_id, reply_to)
+        env = run.stdio_env("work-control", base_env)
+        ...
+        await run.finalize(history)
+        await run.activate()
+
+Errors come back as the same typed errors the handle raises (:class:`InvalidRequest`,
+:class:`Conflict`, :class:`Closed`, ...), chosen by the error envelope's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from ..continuations import errors as E
+from ..host.binding import RESERVED_ENV, RESERVED_HEADERS, strip_reserved_env, strip_reserved_headers
+from ..protocol.host import HOST_PREFIX, CapturedTextBody, RunBody
+from ..protocol.wire import HealthBody, ListResponse, StatusBody
+
+T = TypeVar("T")
+_ERRORS: dict[str, type[E.ContinuationError]] = {
+    "invalid_request": E.InvalidRequest,
+    "unauthorized": E.Unauthorized,
+    "forbidden": E.Forbidden,
+    "not_found": E.NotFound,
+    "conflict": E.Conflict,
+    "closed": E.Closed,
+    "too_large": E.TooLarge,
+    "admission_limit": E.AdmissionLimit,
+}
+
+
+class HostApiError(E.ContinuationError):
+    """An answer with no typed counterpart (5xx, or the service unreachable: ``status`` 0)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(message)
+
+
+class HostClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
+        self._base = base_url.rstrip("/") + HOST_PREFIX
+        # trust_env=False: the host capability goes to the loopback service only, never to a
+        # proxy named in the environment.
+        self._client = httpx.AsyncClient(
+            timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}, trust_env=False
+        )
+
+    def __repr__(self) -> str:
+        return f"<HostClient {self._base}>"
+
+    async def __aenter__(self) -> HostClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def call(self, method: str, path: str, kind: type[T], **kw: Any) -> T:
+        try:
+            resp = await self._client.request(method, self._base + path, **kw)
+        except httpx.HTTPError as exc:
+            raise HostApiError(
+                0, "unreachable", f"cannot reach {self._base} ({type(exc).__name__})"
+            ) from None
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+                code, message = str(err["code"]), str(err["message"])
+            except (ValueError, KeyError, TypeError):
+                code, message = "internal", f"HTTP {resp.status_code}"
+            error = _ERRORS.get(code)
+            raise error(message) if error is not None else HostApiError(resp.status_code, code, message)
+        return msgspec.json.decode(resp.content, type=kind)
+
+    async def begin_run(
+        self, run_id: str, conversation_id: str, reply_to: str | None, mode: str = "reply"
+    ) -> RemoteRun:
+        body = {"runId": run_id, "conversationId": conversation_id, "replyTo": reply_to, "mode": mode}
+        return RemoteRun(self, await self.call("POST", "/runs", RunBody, json=body))
+
+    async def get_run(self, run_id: str) -> RemoteRun:
+        return RemoteRun(self, await self.call("GET", f"/runs/{quote(run_id, safe='')}", RunBody))
+
+    # -- the handle's continuation operations ----------------------------------------------
+    async def continuation_health(self) -> HealthBody:
+        return await self.call("GET", "/health", HealthBody)
+
+    async def list_continuations(self, limit: int | None = None, cursor: str | None = None) -> ListResponse:
+        params = {k: str(v) for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
+        return await self.call("GET", "/continuations", ListResponse, params=params)
+
+    async def captured_continuation_text(self, cid: str) -> str | None:
+        path = f"/continuations/{quote(cid, safe='')}/captured-text"
+        return (await self.call("GET", path, CapturedTextBody)).text
+
+    async def retry_continuation(self, cid: str, allow_unknown: bool = False) -> StatusBody:
+        path = f"/continuations/{quote(cid, safe='')}/retry"
+        return await self.call("POST", path, StatusBody, json={"allowUnknown": allow_unknown})
+
+    async def cancel_continuation(self, cid: str) -> StatusBody:
+        return await self.call("POST", f"/continuations/{quote(cid, safe='')}/cancel", StatusBody)
+
+    async def resolve_continuation_delivery(self, cid: str, resolution: Mapping[str, Any]) -> StatusBody:
+        body = {"kind": resolution["kind"]}
+        delivery_id = resolution.get("deliveryId") or resolution.get("delivery_id")
+        if delivery_id is not None:
+            body["deliveryId"] = delivery_id
+        return await self.call("POST", f"/continuations/{quote(cid, safe='')}/resolve", StatusBody, json=body)
+
+
+class RemoteRun:
+    """One run bound over the host API, with the same methods as the in-process RunBinding."""
+
+    def __init__(self, client: HostClient, body: RunBody) -> None:
+        self._client = client
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"<RemoteRun run={self.run_id!r} state={self.body.state}>"
+
+    @property
+    def run_id(self) -> str:
+        return self.body.run_id
+
+    @property
+    def servers(self) -> list[str]:
+        return [s.server for s in self.body.servers]
+
+    @property
+    def closed(self) -> bool:
+        return self.body.state != "open"
+
+    @property
+    def settled(self) -> str | None:
+        return self.body.state if self.body.state in ("activated", "abandoned") else None
+
+    def _reserved(self, server: str, headers: bool) -> dict[str, str]:
+        for s in self.body.servers:
+            if s.server == server and not self.closed:
+                return dict(s.headers if headers else s.env)
+        return {}
+
+    def stdio_env(self, server: str, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Configured values with reserved names dropped, then the reserved values last."""
+        reserved = self._reserved(server, headers=False)
+        assert set(reserved) <= set(RESERVED_ENV)
+        return {**strip_reserved_env(base_env), **reserved}
+
+    def http_headers(self, server: str, base_headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        reserved = self._reserved(server, headers=True)
+        assert set(reserved) <= set(RESERVED_HEADERS)
+        return {**strip_reserved_headers(base_headers), **reserved}
+
+    async def _post(self, verb: str, **kw: Any) -> RunBody:
+        path = f"/runs/{quote(self.run_id, safe='')}/{verb}"
+        self.body = await self._client.call("POST", path, RunBody, **kw)
+        return self.body
+
+    async def refresh(self) -> RunBody:
+        self.body = (await self._client.get_run(self.run_id)).body
+        return self.body
+
+    async def heartbeat(self) -> RunBody:
+        return await self._post("heartbeat")
+
+    async def close(self) -> list[str]:
+        """Close and drain; the ids of the run's active claims."""
+        body = await self._post("close")
+        return [c.continuation_id for c in body.claims if c.state not in _TERMINAL]
+
+    async def finalize(self, history: Sequence[Mapping[str, Any]]) -> str | None:
+        body = await self._post("finalize", json={"history": [dict(m) for m in history]})
+        return body.snapshot_digest
+
+    async def activate(self) -> None:
+        await self._post("activate")
+
+    async def abandon(self) -> None:
+        await self._post("abandon")
+
+
+_TERMINAL = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})

@@ -1,0 +1,122 @@
+"""The host API routes (``/v1/host/...``): decode, call the run registry or the app handle,
+encode. Every route needs the host capability; nothing here accepts the operator's.
+
+The run operations are the app handle's ``begin_run`` and ``RunBinding`` methods reached over
+loopback HTTP (see docs/host-api.md); the continuation operations are the handle's operator
+verbs, plus captured text, which only the host capability can read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quart import Quart, Response, request
+
+from ..app.hostruns import host_runs
+from ..blobs import BlobQuotaExceeded, BlobTooLarge
+from ..continuations.errors import TooLarge
+from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
+from ..protocol import paths
+from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
+from ..protocol.wire import ResolveRequest, RetryRequest
+
+if TYPE_CHECKING:
+    from ..service import ContinuationService
+
+# The history a host sends to finalize is bounded like a result: the snapshot itself keeps at
+# most 64 messages and 256 KiB of content, so a host sends its newest messages, not all.
+MAX_FINALIZE_BODY = MAX_RESULT_BODY
+
+
+def add_host_routes(app: Quart, service: ContinuationService) -> None:
+    """Register the host API on ``app`` (called by :func:`afterword.http.app.create_app`)."""
+    from .app import _bearer, _body, _decode, json_response, query_int
+
+    runs = host_runs(service)
+
+    def _host() -> None:
+        service.verify_host(_bearer())
+
+    @app.post(paths.HOST_RUNS)
+    async def host_begin_run() -> Response:
+        _host()
+        req = _decode(BeginRunRequest, await _body(MAX_CLAIM_BODY))
+        run = runs.begin(req.run_id, req.conversation_id, req.reply_to, req.mode)
+        return json_response(runs.body(run))
+
+    @app.get(paths.route(paths.HOST_RUN))
+    async def host_get_run(runId: str) -> Response:
+        _host()
+        return json_response(runs.body(runs.get(runId)))
+
+    @app.post(paths.route(paths.HOST_HEARTBEAT))
+    async def host_heartbeat(runId: str) -> Response:
+        _host()
+        return json_response(runs.body(await runs.heartbeat(runId)))
+
+    @app.post(paths.route(paths.HOST_CLOSE))
+    async def host_close(runId: str) -> Response:
+        _host()
+        run, _active = await runs.close(runId)
+        return json_response(runs.body(run))
+
+    @app.post(paths.route(paths.HOST_FINALIZE))
+    async def host_finalize(runId: str) -> Response:
+        _host()
+        req = _decode(FinalizeRequest, await _body(MAX_FINALIZE_BODY))
+        history = [{"role": m.role, "content": m.content} for m in req.history]
+        try:
+            run = await runs.finalize(runId, history)
+        except (BlobQuotaExceeded, BlobTooLarge):
+            raise TooLarge("the origin snapshot does not fit the snapshot store's quota") from None
+        return json_response(runs.body(run))
+
+    @app.post(paths.route(paths.HOST_ACTIVATE))
+    async def host_activate(runId: str) -> Response:
+        _host()
+        return json_response(runs.body(await runs.activate(runId)))
+
+    @app.post(paths.route(paths.HOST_ABANDON))
+    async def host_abandon(runId: str) -> Response:
+        _host()
+        return json_response(runs.body(await runs.abandon(runId)))
+
+    # -- the app handle's continuation operations ---------------------------------------------
+    @app.get(paths.HOST_HEALTH)
+    async def host_health() -> Response:
+        _host()
+        return json_response(service.continuation_health())
+
+    @app.get(paths.HOST_LIST)
+    async def host_list() -> Response:
+        _host()
+        limit = query_int("limit")
+        return json_response(service.list_continuations(limit=limit, cursor=request.args.get("cursor")))
+
+    @app.get(paths.route(paths.HOST_CAPTURED_TEXT))
+    async def host_captured_text(cid: str) -> Response:
+        _host()
+        text = service.captured_continuation_text(cid)
+        return json_response(CapturedTextBody(continuation_id=cid, text=text))
+
+    @app.post(paths.route(paths.HOST_RETRY))
+    async def host_retry(cid: str) -> Response:
+        _host()
+        data = await _body(MAX_CLAIM_BODY)
+        req = _decode(RetryRequest, data) if data else RetryRequest()
+        return json_response(await service.retry_continuation(cid, allow_unknown=req.allow_unknown))
+
+    @app.post(paths.route(paths.HOST_CANCEL))
+    async def host_cancel(cid: str) -> Response:
+        _host()
+        return json_response(await service.cancel_continuation(cid))
+
+    @app.post(paths.route(paths.HOST_RESOLVE))
+    async def host_resolve(cid: str) -> Response:
+        _host()
+        req = _decode(ResolveRequest, await _body(MAX_CLAIM_BODY))
+        return json_response(
+            await service.resolve_continuation_delivery(
+                cid, {"kind": req.kind, "delivery_id": req.delivery_id}
+            )
+        )
