@@ -1,0 +1,79 @@
+// Against a real `afterword serve` (tests/test_host_clients.py starts one and sets
+// AFTERWORD_BASE_URL and AFTERWORD_HOST_TOKEN_FILE); skipped without one.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+
+import { AfterwordError, HostClient } from "../src/index.js";
+
+const base = process.env.AFTERWORD_BASE_URL;
+const tokenFile = process.env.AFTERWORD_HOST_TOKEN_FILE;
+const live = base && tokenFile ? {} : { skip: "no AFTERWORD_BASE_URL / AFTERWORD_HOST_TOKEN_FILE" };
+const ORIGIN = [
+  { role: "user" as const, content: "please index the repo" },
+  { role: "assistant" as const, content: "started; I will post the result here" },
+];
+
+function rejectsWith(status: number, code: string) {
+  return (err: unknown) => {
+    assert.ok(err instanceof AfterwordError, String(err));
+    assert.equal(err.status, status);
+    assert.equal(err.code, code);
+    return true;
+  };
+}
+
+test("one run, claimed the way an MCP server would, settled over the host API", live, async () => {
+  const host = await HostClient.fromTokenFile(base!, tokenFile!);
+  const run = await host.beginRun({ runId: "ts-run-1", conversationId: "local:ts#2026-12-01", replyTo: "local:ts" });
+  const again = await host.beginRun({ runId: "ts-run-1", conversationId: "local:ts#2026-12-01", replyTo: "local:ts" });
+  assert.deepEqual(again.body.servers, run.body.servers); // idempotent: the same capability
+  await assert.rejects(
+    host.beginRun({ runId: "ts-run-1", conversationId: "local:other", replyTo: "local:ts" }),
+    rejectsWith(409, "conflict"),
+  );
+  const env = run.stdioEnv("work-control", process.env);
+  const claim = await fetch(env.MONO_AGENT_CONTINUATION_CLAIM_URL!, {
+    method: "POST",
+    headers: { authorization: `Bearer ${env.MONO_AGENT_CONTINUATION_CLAIM_TOKEN}`, "content-type": "application/json" },
+    body: JSON.stringify({
+      taskKey: "ts-task",
+      taskHash: "a".repeat(64),
+      deadline: new Date(Date.now() + 86_400_000).toISOString(),
+    }),
+  });
+  assert.equal(claim.status, 200);
+  const { continuationId } = (await claim.json()) as { continuationId: string };
+  assert.deepEqual(await run.close(), [continuationId]);
+  await assert.rejects(run.finalize([ORIGIN[0]!]), rejectsWith(400, "invalid_request"));
+  const digest = await run.finalize(ORIGIN);
+  assert.match(digest ?? "", /^[0-9a-f]{64}$/);
+  await run.activate();
+  const got = await host.getRun("ts-run-1");
+  assert.equal(got.state, "activated");
+  assert.equal(got.body.claims[0]?.originContext, "pinned");
+  const page = await host.listContinuations({ limit: 10 });
+  assert.ok(page.items.some((i) => i.continuationId === continuationId));
+  assert.equal(await host.capturedText(continuationId), null); // not a delivered capture
+  await assert.rejects(host.retry(continuationId), rejectsWith(409, "conflict"));
+  assert.equal((await host.cancel(continuationId)).state, "cancelled");
+  assert.equal((await host.health()).status, "healthy");
+});
+
+test("the lease: a run whose host stops calling is abandoned", live, async () => {
+  const host = await HostClient.fromTokenFile(base!, tokenFile!);
+  const run = await host.beginRun({ runId: "ts-run-lease", conversationId: "local:ts", replyTo: "local:ts" });
+  const stop = run.keepAlive(Math.floor(run.body.leaseMs / 4));
+  await new Promise((resolve) => setTimeout(resolve, run.body.leaseMs * 1.5));
+  stop();
+  assert.equal((await run.heartbeat()).state, "open"); // kept alive past its lease
+  await new Promise((resolve) => setTimeout(resolve, run.body.leaseMs * 2));
+  const body = (await host.getRun("ts-run-lease")).body;
+  assert.equal(body.state, "abandoned");
+  assert.equal(body.abandonReason, "lease_lapsed");
+  await assert.rejects(run.activate(), rejectsWith(410, "closed"));
+});
+
+test("a wrong capability is refused", live, async () => {
+  const host = new HostClient({ baseUrl: base!, token: "awh1.not-the-token" });
+  await assert.rejects(host.health(), rejectsWith(401, "unauthorized"));
+});
