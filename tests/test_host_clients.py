@@ -1,0 +1,138 @@
+"""The host API from other languages, end to end against a real ``afterword serve`` on a free
+loopback port: the TypeScript client's own ``node --test`` suite, and the Node host
+(examples/node-host) running one turn with the official MCP TypeScript SDK and printing the
+answer that arrives in the outbox.
+
+Needs node >= 20 and npm. Without them these tests skip, except under ``CI=true`` (set by
+``.ci/run``), where a missing toolchain is a failure. ``node_modules`` is installed by
+``npm ci`` in CI; locally it is installed here when missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from _cli import Server
+from _service import write_config
+
+from afterword.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+TS = ROOT / "clients" / "typescript"
+NODE_HOST = ROOT / "examples" / "node-host"
+LEASE_MS = 1500  # short, so the TypeScript lease test waits little; heartbeats run every 500 ms
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{name} is required in CI (Node 20 with npm)")
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
+def _npm_ci(folder: Path) -> None:
+    if not (folder / "node_modules").is_dir():
+        subprocess.run(
+            [_tool("npm"), "ci", "--no-audit", "--no-fund", "--silent"], cwd=folder, check=True, timeout=300
+        )
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    node = _tool("node")
+    _tool("npm")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout
+    assert int(version.lstrip("v").split(".")[0]) >= 20, version
+    _npm_ci(TS)
+    # Compile once for both tests: the client's tests and the Node host import dist/.
+    subprocess.run([node, str(TS / "node_modules/typescript/bin/tsc"), "-p", str(TS)], check=True, timeout=300)
+    return node
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    root = tmp_path_factory.mktemp("sidecar")
+    config = write_config(root, continuations={"limits": {"runLeaseMs": LEASE_MS}})
+    token = root / "host.token"
+    server = Server(config)
+    server.start()
+    try:
+        assert cli_main(["continuations", "host-token", "--config", str(config), "--file", str(token)]) == 0
+        yield server, token
+    finally:
+        server.stop()
+
+
+def test_typescript_client_suite_against_a_real_service(node: str, sidecar: tuple[Server, Path]) -> None:
+    server, token = sidecar
+    env = {**os.environ, "AFTERWORD_BASE_URL": server.base, "AFTERWORD_HOST_TOKEN_FILE": str(token)}
+    done = subprocess.run(
+        [node, "--test", "dist/test/"], cwd=TS, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    # Every test ran: the live ones did not skip for want of a service.
+    assert "# fail 0" in done.stdout and "# skipped 0" in done.stdout, done.stdout[-2000:]
+    assert "# pass 8" in done.stdout, done.stdout[-2000:]
+
+
+def test_node_host_runs_one_turn_end_to_end(node: str, sidecar: tuple[Server, Path]) -> None:
+    server, token = sidecar
+    _npm_ci(NODE_HOST)
+    outbox = server.config.parent / "outbox.jsonl"
+    reply_to = "local:node-e2e"
+    done = subprocess.run(
+        [
+            node,
+            "host.mjs",
+            "--base-url",
+            server.base,
+            "--token-file",
+            str(token),
+            "--server",
+            str(ROOT / "examples" / "work_control_server.py"),
+            "--python",
+            sys.executable,
+            "--outbox",
+            str(outbox),
+            "--reply-to",
+            reply_to,
+        ],
+        cwd=NODE_HOST,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(done.stdout)  # the real output, for the record (pytest -s shows it)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert token.read_text() not in done.stdout + done.stderr  # the capability is never shown
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("[tool] start_job returned: accepted: job ") for line in lines), done.stdout
+    assert any("active claims: c_" in line for line in lines), done.stdout
+    (answer,) = [line for line in lines if line.startswith(f"[later answer -> {reply_to}] ")]
+    assert "rebuild the search index" in answer
+    delivered = [json.loads(x) for x in outbox.read_text().splitlines() if x.strip()]
+    assert [d["conversationId"] for d in delivered] == [reply_to]
+    assert answer.endswith(delivered[0]["text"])
+    # The service's view: the run is activated and its one continuation delivered from the
+    # pinned snapshot, not the fallback.
+    run_id = next(line for line in lines if line.startswith("[run] begun ")).split()[2]
+    headers = {"Authorization": f"Bearer {token.read_text()}"}
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        run = client.get(f"{server.base}/v1/host/runs/{run_id}", headers=headers).json()
+    assert run["state"] == "activated"
+    (claim,) = run["claims"]
+    assert (claim["state"], claim["originContext"], claim["completionKind"]) == (
+        "delivered",
+        "pinned",
+        "synthesized",
+    )
