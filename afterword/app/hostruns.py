@@ -168,10 +168,17 @@ class HostRuns:
         done = []
         for run_id in due:
             run = self._runs.get(run_id)
-            if run is not None:
+            if run is None:
+                continue
+            try:
                 await self._lapse(run)
-                if run.abandon_reason == "lease_lapsed":
-                    done.append(run_id)
+            except Exception as exc:  # a failing disk must not stop the loop (or the service)
+                log.error(
+                    "host run %s: abandoning after its lease lapsed failed: %s", run_id, type(exc).__name__
+                )
+                continue
+            if run.abandon_reason == "lease_lapsed":
+                done.append(run_id)
         for run_id in [
             rid
             for rid, r in self._runs.items()
