@@ -24,7 +24,8 @@ import httpx
 import msgspec
 
 from ..continuations import errors as E
-from ..host.binding import RESERVED_ENV, RESERVED_HEADERS, strip_reserved_env, strip_reserved_headers
+from ..host.binding import strip_reserved_env, strip_reserved_headers
+from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS
 from ..protocol.host import HOST_PREFIX, CapturedTextBody, RunBody
 from ..protocol.wire import HealthBody, ListResponse, StatusBody
 
