@@ -10,11 +10,11 @@ import time
 import anyio
 import msgspec
 
-from ..config import Config, OutboxChannel, missing_detached_tokens
+from ..config import Config, OutboxChannelConfig, missing_detached_tokens
 from ..continuations.model import Continuation
 from ..http.server import ServeError
 from ..runtime import open_service
-from ..worker.channels import OutboxChannel as OutboxAdapter
+from ..worker.channels import OutboxChannel
 
 _line = msgspec.json.Encoder()
 
@@ -90,7 +90,7 @@ async def _serve(config: Config, outbox: str | None) -> int:
     channels = None
     if outbox is not None:
         channels = {
-            k: OutboxAdapter(outbox) for k, c in config.channels.items() if isinstance(c, OutboxChannel)
+            k: OutboxChannel(outbox) for k, c in config.channels.items() if isinstance(c, OutboxChannelConfig)
         }
     try:
         # The log is attached before recovery runs: its changes are state changes too.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import Config, OutboxChannel, SlackChannel, WebhookChannel
+from ..config import Config, OutboxChannelConfig, SlackChannelConfig, WebhookChannelConfig
 from ..continuations import lifecycle
 from ..continuations.model import Continuation
 from ..service import ContinuationService
@@ -38,11 +38,11 @@ def synthesizer_from_config(config: Config, environ: Mapping[str, str]) -> Synth
 def channels_from_config(config: Config, environ: Mapping[str, str]) -> dict[str, ch.Channel]:
     out: dict[str, ch.Channel] = {}
     for key, cfg in config.channels.items():
-        if isinstance(cfg, OutboxChannel):
+        if isinstance(cfg, OutboxChannelConfig):
             out[key] = ch.OutboxChannel(cfg.path)
-        elif isinstance(cfg, SlackChannel):
+        elif isinstance(cfg, SlackChannelConfig):
             out[key] = ch.SlackChannel(cfg.base_url, environ.get(cfg.token_env, ""))
-        elif isinstance(cfg, WebhookChannel):
+        elif isinstance(cfg, WebhookChannelConfig):
             out[key] = ch.WebhookChannel(cfg.url, dict(cfg.headers))
     return out
 
