@@ -16,6 +16,7 @@ from .continuations.errors import ServiceDisabled
 from .continuations.model import Continuation
 from .http.server import HttpServer
 from .legacy import open_state
+from .payload_check import check_payload_files
 from .service import ContinuationService, wall_clock_ms
 from .store import RecordStore, StoreOptions
 
@@ -58,6 +59,8 @@ async def open_service(
         open_state(store, config)  # fence and legacy migration come before any v3 work
         blobs = BlobStore(store.root, store.secret)
         service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
+        payloads = service.payloads  # before anything acts on a record whose payload is gone
+        check_payload_files(service.repo.live(), payloads.size, lambda d: store.root.path(f"{payloads.rel_dir}/{d}"))
         from .worker.compose import attach_worker  # the worker layer sits above the service
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)

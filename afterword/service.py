@@ -469,6 +469,7 @@ class ContinuationService:
                     probe,
                     payload=b"" if digest is not None else canonical,
                     payload_digest=digest,
+                    payload_size=len(canonical) if digest is not None else None,
                 )
                 new = lifecycle.submit_result(rec, result, now)
                 assert new is not None

@@ -82,6 +82,11 @@ class BlobStore:
         with self._lock:
             return digest in self._sizes
 
+    def size(self, digest: str) -> int | None:
+        """The stored size of ``digest`` (as found at open or written since), None if absent."""
+        with self._lock:
+            return self._sizes.get(digest)
+
     def digests(self) -> set[str]:
         with self._lock:
             return set(self._sizes)

@@ -14,6 +14,7 @@ import msgspec
 
 from ..continuations.model import decode_continuation, decode_tombstone
 from ..disk import DiskError, UnsafeStateError
+from ..payload_check import PAYLOADS_DIR, check_payload_files
 from ..repository import LIVE, TOMB
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
@@ -50,6 +51,14 @@ _ADVICE: dict[str, tuple[str, str]] = {
         "a committed continuation record does not decode, so the service refuses to open over it",
         "Restore the state directory from a backup taken before the record was written; the key "
         "names the record (its file is under records/).",
+    ),
+    "payload_missing": (
+        "the file holding an accepted result's payload is gone; the result could never be delivered",
+        "Restore payloads/ (with the rest of the directory) from one backup: " + _RESTORE_ALL,
+    ),
+    "payload_size": (
+        "the file holding an accepted result's payload is not the size it was written with (truncated or replaced)",
+        "Restore payloads/ (with the rest of the directory) from one backup: " + _RESTORE_ALL,
     ),
     "bad_lock_file": (
         "owner.db (the ownership lock) is not an SQLite database; it holds no state",
@@ -103,6 +112,12 @@ def diagnose(state_dir: str) -> Diagnosis:
             d.problem = f"continuation record {bad!r} does not decode"
             d.meaning, d.restore = _ADVICE["record_undecodable"]
             return d
+        try:
+            _check_payloads(view, state_dir)
+        except EvidenceError as exc:
+            d.healthy, d.rule, d.path, d.problem = False, exc.rule, exc.path, str(exc)
+            d.meaning, d.restore = _ADVICE[exc.rule]
+            return d
         d.facts = {
             "records": len(view),
             "lastLsn": view.lsn,
@@ -131,6 +146,22 @@ def _undecodable_continuation(view: StoreView) -> str | None:
     return None
 
 
+def _check_payloads(view: StoreView, state_dir: str) -> None:
+    """What the service's open checks of out-of-line payload files, by ``lstat`` alone."""
+
+    def path_of(digest: str) -> str:
+        return os.path.join(state_dir, PAYLOADS_DIR, digest)
+
+    def size_of(digest: str) -> int | None:
+        try:
+            return os.lstat(path_of(digest)).st_size
+        except FileNotFoundError:
+            return None
+
+    records = (decode_continuation(r.value) for r in view.items(LIVE))
+    check_payload_files(records, size_of, path_of)
+
+
 def _side_notes(state_dir: str) -> list[str]:
     notes: list[str] = []
     wal = os.path.join(state_dir, "wal")
@@ -138,8 +169,9 @@ def _side_notes(state_dir: str) -> list[str]:
         broken = sorted(n for n in os.listdir(wal) if ".broken." in n)
         if broken:
             notes.append(
-                f"{len(broken)} torn-tail repair copies in {wal} ({', '.join(broken[:3])}): an earlier "
-                "start cut a tail that was never acknowledged; they may be deleted"
+                f"{len(broken)} repair copies in {wal} ({', '.join(broken[:3])}): an earlier start cut "
+                "a torn tail that was never acknowledged, or restored a damaged last write from its "
+                "shadow copy; they may be deleted"
             )
     owner = os.path.join(state_dir, "owner.db")
     try:

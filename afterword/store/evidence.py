@@ -34,7 +34,8 @@ class EvidenceError(StoreCorruptError):
 
     ``rule`` is one of ``record_digest``, ``manifest_behind_records``, ``acknowledged_lost``,
     ``secret_missing``, ``secret_mismatch``, ``segment_missing``, ``segment_short``,
-    ``segment_replaced``.
+    ``segment_replaced``, and for out-of-line result payloads (``afterword.payload_check``)
+    ``payload_missing``, ``payload_size``.
     """
 
     def __init__(self, path: str, rule: str, detail: str = "") -> None:
