@@ -24,7 +24,8 @@ __all__ = ["StatusPage", "install_ui"]
 
 class StatusPage:
     def __init__(self, service: ContinuationService) -> None:
-        self.service = service
+        # No reference to the service itself: it is the key of the weak map below.
+        self.base_url = service.base_url
         self.auth = UiAuth(service.clock_ms)
         self.activity = ActivityRing(service.clock_ms)
         service.on_change.append(self.activity.observe)
@@ -35,7 +36,7 @@ class StatusPage:
     def login(self) -> UiLoginBody:
         token, expires = self.auth.mint_login()
         return UiLoginBody(
-            login_url=f"{self.service.base_url}/ui/login?token={token}", expires_at=format_ms(expires)
+            login_url=f"{self.base_url}/ui/login?token={token}", expires_at=format_ms(expires)
         )
 
 
