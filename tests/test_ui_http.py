@@ -126,6 +126,10 @@ async def test_state_changes_need_the_sessions_csrf_token_and_this_origin(tmp_pa
             r = await ui.post(path, data, origin=origin)
             assert r.status_code == 403, (data, origin, r.text)
             assert svc.repo.get(cid).state == "claimed"  # type: ignore[union-attr]
+        # an oversized form, or a verb that does not exist, changes nothing either
+        r = await ui.post(path, {"csrf": token, "pad": "x" * 5000})
+        assert r.status_code == 413 and svc.repo.get(cid).state == "claimed"  # type: ignore[union-attr]
+        assert (await ui.post(f"/ui/c/{cid}/explode", {"csrf": token})).status_code == 404
         # without a session the form is refused before anything else
         r = await client.post(svc.base_url + path, data={"csrf": token})
         assert r.status_code == 401
