@@ -14,8 +14,8 @@ from .continuations.errors import ServiceDisabled
 from .errors import AfterwordError
 
 if TYPE_CHECKING:
-    from .runtime import open_service
-    from .service import ContinuationService, Resolution
+    from .app.runtime import open_service
+    from .app.service import ContinuationService, Resolution
 
 __version__ = "0.1.0"
 
@@ -37,11 +37,11 @@ def __getattr__(name: str) -> Any:
     # The service pulls in Quart and hypercorn; a tool server that only imports
     # afterword.producer should not pay for them.
     if name == "open_service":
-        from .runtime import open_service
+        from .app.runtime import open_service
 
         return open_service
     if name in ("ContinuationService", "Resolution"):
-        from . import service
+        from .app import service
 
         return getattr(service, name)
     raise AttributeError(f"module 'afterword' has no attribute {name!r}")

@@ -1,94 +1,15 @@
-"""``open_service``: the embedded app handle with its HTTP server and worker running."""
+"""Deprecated: moved to :mod:`afterword.app.runtime`; this name goes away in the next release.
 
-from __future__ import annotations
+Importing it warns once and re-exports the public names of the new module (docs/design.md,
+"Moved modules").
+"""
 
-import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+import warnings
 
-import anyio
+from .app.runtime import *  # noqa: F403
 
-from .app.hostruns import host_runs
-from .blobs import BlobStore
-from .config import Config, load_config
-from .continuations.errors import ServiceDisabled
-from .continuations.model import Continuation
-from .http.server import HttpServer
-from .legacy import open_state
-from .payload_check import check_payload_files
-from .service import ContinuationService, wall_clock_ms
-from .store import RecordStore, StoreOptions
-
-
-@asynccontextmanager
-async def open_service(
-    config: Config | str | os.PathLike[str],
-    *,
-    synthesizer: Any = None,
-    channels: Mapping[str, Any] | None = None,
-    history: Any = None,
-    serve_http: bool = True,
-    run_worker: bool = True,
-    clock_ms: Callable[[], int] = wall_clock_ms,
-    environ: Mapping[str, str] | None = None,
-    store_options: StoreOptions | None = None,
-    on_change: Sequence[Callable[[Continuation | None, Continuation], None]] = (),
-) -> AsyncIterator[ContinuationService]:
-    """Open the state directory, recover, serve HTTP and run the worker until exit.
-
-    Raises ServiceDisabled (before touching the state directory) when the configuration sets
-    ``continuations.enabled: false``.
-
-    ``on_change`` callbacks are attached before startup recovery, so the state changes
-    recovery makes (an interrupted synthesis dead-lettered, ...) reach them too.
-
-    On exit the HTTP server stops admitting, in-flight work drains within a bound, and the
-    store is closed (everything acknowledged is already durable). ``store_options`` exists for
-    tests (the store's commit observer); production leaves the defaults.
-    """
-    if not isinstance(config, Config):
-        config = load_config(config, environ=environ)
-    if not config.enabled:
-        # Disabled means no surface at all: no state opened, no port bound, no worker, so no
-        # claim (request-bound or detached) can ever be admitted, exactly like `serve`.
-        raise ServiceDisabled()
-    store = RecordStore.open(config.state_dir, options=store_options)
-    http: HttpServer | None = None
-    try:
-        open_state(store, config)  # fence and legacy migration come before any v3 work
-        blobs = BlobStore(store.root, store.secret)
-        service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
-        payloads = service.payloads  # before anything acts on a record whose payload is gone
-        check_payload_files(service.repo.live(), payloads.size, lambda d: store.root.path(f"{payloads.rel_dir}/{d}"))
-        from .worker.compose import attach_worker  # the worker layer sits above the service
-
-        worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
-        service.on_change.extend(on_change)  # before anything at startup changes a record
-        # Deliveries a crash interrupted on a channel that can prove what it holds are
-        # settled first; recovery then declares only the truly unprovable ones unknown.
-        await worker.reconcile_interrupted()
-        await service.recover()
-        await service.apply_retention()
-        http = HttpServer(service)
-        service.http_server = http  # type: ignore[attr-defined]
-        if serve_http:
-            http.bind()  # outside the task group, so a busy port is a plain ServeError
-        async with anyio.create_task_group() as tg:
-            if serve_http:
-                await http.start(tg)
-                tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
-            if run_worker:
-                await tg.start(worker.run)
-            try:
-                yield service
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if serve_http:
-                        await http.stop()
-                    await worker.stop()
-                tg.cancel_scope.cancel()
-    finally:
-        if http is not None:
-            http.unbind()
-        store.close()
+warnings.warn(
+    "afterword.runtime moved to afterword.app.runtime; import it from there (afterword.runtime goes away in the next release)",
+    DeprecationWarning,
+    stacklevel=2,
+)

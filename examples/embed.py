@@ -47,9 +47,9 @@ from typing import Any
 import anyio
 
 import afterword
+from afterword import ContinuationService
 from afterword.config import Config
 from afterword.producer import ClaimCapability, Producer, task_hash
-from afterword.service import ContinuationService
 
 SERVER = "work-control"  # the MCP server (in tools.continuationServers) that may claim
 

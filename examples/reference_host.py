@@ -33,9 +33,9 @@ import anyio
 from mcp import types
 
 import afterword
+from afterword import ContinuationService
 from afterword.config import Config
 from afterword.mcp_host import Settlement, connect_servers, settle_run
-from afterword.service import ContinuationService
 
 Step = Callable[[str, str], None]
 Message = dict[str, str]

@@ -25,10 +25,10 @@ from fakes.scripted import KillSwitch, ScriptedChannel, ScriptedHistory, Scripte
 
 import afterword
 from afterword import ContinuationService
+from afterword.app.binding import RunBinding
 from afterword.config import channel_allows
 from afterword.continuations.model import Continuation, Tombstone, decode_continuation
 from afterword.history import DurableHistory
-from afterword.host.binding import RunBinding
 from afterword.store import MAX_RECORD_BYTES, StoreOptions, TransactionInfo
 from afterword.wal import WalOptions
 from afterword.worker import Worker

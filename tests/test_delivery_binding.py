@@ -17,9 +17,9 @@ import pytest
 from fakes.harness import make_config, running
 from fakes.producer import wait_state
 
+from afterword.app.service import ContinuationService
 from afterword.continuations import Continuation
 from afterword.continuations import lifecycle as lc
-from afterword.service import ContinuationService
 from afterword.worker import ChunkDelivery, ChunkReceipt
 from afterword.worker.errors import RetryableDeliveryError
 

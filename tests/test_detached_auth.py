@@ -9,7 +9,7 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, load, write_config
 
 import afterword
-import afterword.service as service_module
+import afterword.app.service as service_module
 from afterword.continuations import Unauthorized
 
 

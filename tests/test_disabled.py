@@ -17,11 +17,11 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, deadline, write_config
 
 import afterword
+from afterword.app.service import ContinuationService
 from afterword.blobs import BlobStore
 from afterword.continuations.errors import Closed
 from afterword.http.app import create_app
 from afterword.protocol.wire import DetachedClaimRequest
-from afterword.service import ContinuationService
 from afterword.store import RecordStore
 
 pytestmark = pytest.mark.anyio

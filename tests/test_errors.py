@@ -6,6 +6,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ def _defined_exceptions() -> dict[str, type[BaseException]]:
     for info in pkgutil.walk_packages(afterword.__path__, "afterword."):
         if info.name == "afterword.__main__":
             continue
-        module = importlib.import_module(info.name)
+        with warnings.catch_warnings():  # the walk imports the moved paths' shims too
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__:
                 found[f"{module.__name__}.{name}"] = obj
@@ -86,7 +89,7 @@ FAULT = {
         "afterword.wal.errors.WalCorruptError",
         "afterword.store.errors.StoreLockedError",
         "afterword.store.errors.StoreCorruptError",
-        "afterword.repository.IndexCorrupt",
+        "afterword.app.repository.IndexCorrupt",
         "afterword.disk.errors.UnsafeStateError",
         "afterword.disk.errors.DurabilityError",
         "afterword.disk.errors.DiskFailedError",

@@ -20,6 +20,7 @@ from _service import ENV, write_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from afterword.app.service import ContinuationService
 from afterword.blobs import BlobStore
 from afterword.config import ConfigError, load_config
 from afterword.config.load import config_from_mapping
@@ -42,7 +43,6 @@ from afterword.protocol.wire import (
     ResultRequest,
     RetryRequest,
 )
-from afterword.service import ContinuationService
 from afterword.store import RecordStore
 from afterword.store.codec import (
     RECORD_MAGIC,

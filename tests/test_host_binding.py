@@ -15,13 +15,13 @@ import pytest
 from _service import ENV, deadline, outbox_lines, payload_hash, write_config
 
 import afterword
+from afterword.app.binding import RESERVED_ENV, RESERVED_HEADERS, RunBinding
+from afterword.app.service import ContinuationService
 from afterword.blobs import BlobQuotaExceeded, BlobStore
 from afterword.config import Config
 from afterword.continuations import FALLBACK_TEXT, Activation, SnapshotError
 from afterword.continuations.model import canonical_claim
 from afterword.continuations.snapshot import decode_snapshot
-from afterword.host.binding import RESERVED_ENV, RESERVED_HEADERS, RunBinding
-from afterword.service import ContinuationService
 from afterword.worker.synth import SynthesisRequest, TemplateSynthesizer
 
 pytestmark = pytest.mark.anyio

@@ -21,9 +21,9 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, deadline, outbox_lines, payload_hash, write_config
 
 import afterword
+from afterword.app.service import ContinuationService, wall_clock_ms
 from afterword.config import Config
 from afterword.continuations.capabilities import result_token
-from afterword.service import ContinuationService, wall_clock_ms
 
 pytestmark = pytest.mark.anyio
 

@@ -20,11 +20,11 @@ from _service import ENV, free_port, load, outbox_lines, write_config
 from mcp import types
 
 import afterword
+from afterword.app.service import ContinuationService
 from afterword.config import Config
 from afterword.continuations.model import Continuation
 from afterword.mcp_host import connect_servers, settle_run
 from afterword.protocol.views import status_body
-from afterword.service import ContinuationService
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
 WAIT_S = 30.0

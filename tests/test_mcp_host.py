@@ -11,8 +11,8 @@ import pytest
 from _service import ENV, deadline, load, write_config
 
 import afterword
+from afterword.app.binding import RESERVED_ENV, RESERVED_HEADERS
 from afterword.config import ConfigError
-from afterword.host import RESERVED_ENV, RESERVED_HEADERS
 from afterword.mcp_host import McpHostError, connect_servers, http_client, settle_run, stdio_parameters
 from afterword.producer import task_hash
 from afterword.protocol.wire import ClaimRequest

@@ -20,8 +20,8 @@ from _service import DETACHED_TOKEN, ENV, deadline, load, outbox_lines, write_co
 from mcp import types
 
 import afterword
+from afterword.app.binding import RESERVED_ENV
 from afterword.config import Config
-from afterword.host import RESERVED_ENV
 from afterword.mcp_host import connect_servers
 from afterword.producer import (
     CapabilityClosed,

@@ -28,6 +28,11 @@ DEPRECATED = {
     "afterword.demo": ("afterword.cli.demo", ["run_demo"]),
     "afterword.doctor": ("afterword.cli.doctor", ["diagnose", "render"]),
     "afterword.tasks.cli": ("afterword.cli.tasks", ["add_tasks_parser", "JournalUnavailable"]),
+    "afterword.service": ("afterword.app.service", ["ContinuationService", "Resolution", "wall_clock_ms"]),
+    "afterword.repository": ("afterword.app.repository", ["Repository", "IndexCorrupt", "LIVE", "TOMB"]),
+    "afterword.runtime": ("afterword.app.runtime", ["open_service"]),
+    "afterword.host": ("afterword.app.binding", ["RunBinding", "ClaimCapability", "RESERVED_ENV"]),
+    "afterword.host.binding": ("afterword.app.binding", ["RunBinding", "RESERVED_HEADERS", "strip_reserved_env"]),
 }
 # Public entry points named in docs/design.md: stable aliases, no warning.
 STABLE = {
@@ -37,6 +42,9 @@ STABLE = {
 
 
 def _fresh_import(name: str) -> ModuleType:
+    with warnings.catch_warnings():  # a parent that is itself a shim warns here, not below
+        warnings.simplefilter("ignore")
+        importlib.import_module(name.rpartition(".")[0])
     sys.modules.pop(name, None)
     return importlib.import_module(name)
 

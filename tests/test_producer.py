@@ -20,7 +20,7 @@ import pytest
 from _service import ENV, deadline, load, write_config
 
 import afterword
-from afterword.host import RESERVED_ENV, RESERVED_HEADERS
+from afterword.app.binding import RESERVED_ENV, RESERVED_HEADERS
 from afterword.producer import (
     CapabilityClosed,
     ClaimCapability,

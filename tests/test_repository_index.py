@@ -10,9 +10,9 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, deadline, load, write_config
 
 import afterword
+from afterword.app.repository import IndexCorrupt
 from afterword.cli.doctor import diagnose
 from afterword.protocol.wire import DetachedClaimRequest
-from afterword.repository import IndexCorrupt
 from afterword.store import Put, RecordStore, StoreCorruptError
 
 pytestmark = pytest.mark.anyio

@@ -27,8 +27,8 @@ from ..protocol.host import AbandonReason, RunBody, RunState, ServerBinding
 from .leases import lapsed, lease_loop, lease_state
 
 if TYPE_CHECKING:
-    from ..host.binding import RunBinding
-    from ..service import ContinuationService
+    from .binding import RunBinding
+    from .service import ContinuationService
 
 log = logging.getLogger("afterword.host")
 

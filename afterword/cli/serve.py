@@ -10,10 +10,10 @@ import time
 import anyio
 import msgspec
 
+from ..app.runtime import open_service
 from ..config import Config, OutboxChannelConfig, missing_detached_tokens
 from ..continuations.model import Continuation
 from ..http.server import ServeError
-from ..runtime import open_service
 from ..worker.channels import OutboxChannel
 
 _line = msgspec.json.Encoder()

@@ -23,8 +23,8 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from ..app.binding import strip_reserved_env, strip_reserved_headers
 from ..continuations import errors as E
-from ..host.binding import strip_reserved_env, strip_reserved_headers
 from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS
 from ..protocol.host import HOST_PREFIX, CapturedTextBody, RunBody
 from ..protocol.wire import HealthBody, ListResponse, StatusBody

@@ -30,9 +30,9 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from ..app.binding import RunBinding
 from ..config import Config, ConfigError, McpServer, is_loopback_url, select_continuation_servers
 from ..errors import CallerError
-from ..host.binding import RunBinding
 
 __all__ = [
     "McpHostError",

@@ -1,19 +1,15 @@
-"""Host side: run bindings and the request-bound claim capabilities they issue."""
+"""Deprecated: moved to :mod:`afterword.app.binding`; this name goes away in the next release.
 
-from .binding import (
-    RESERVED_ENV,
-    RESERVED_HEADERS,
-    ClaimCapability,
-    RunBinding,
-    strip_reserved_env,
-    strip_reserved_headers,
+Importing it warns once and re-exports the public names of the new module (docs/design.md,
+"Moved modules").
+"""
+
+import warnings
+
+from ..app.binding import *  # noqa: F403
+
+warnings.warn(
+    "afterword.host moved to afterword.app.binding; import it from there (afterword.host goes away in the next release)",
+    DeprecationWarning,
+    stacklevel=2,
 )
-
-__all__ = [
-    "RESERVED_ENV",
-    "RESERVED_HEADERS",
-    "ClaimCapability",
-    "RunBinding",
-    "strip_reserved_env",
-    "strip_reserved_headers",
-]

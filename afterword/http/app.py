@@ -12,6 +12,7 @@ import msgspec
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from ..app.service import ContinuationService
 from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
 from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
@@ -27,7 +28,6 @@ from ..protocol.wire import (
     ResultRequest,
     RetryRequest,
 )
-from ..service import ContinuationService
 from .openapi import openapi_bytes
 from .strictjson import check_body
 from .ui import install_ui

@@ -21,7 +21,7 @@ from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
 from ..protocol.wire import ResolveRequest, RetryRequest
 
 if TYPE_CHECKING:
-    from ..service import ContinuationService
+    from ..app.service import ContinuationService
 
 # The history a host sends to finalize is bounded like a result: the snapshot itself keeps at
 # most 64 messages and 256 KiB of content, so a host sends its newest messages, not all.

@@ -14,7 +14,7 @@ from ..continuations.model import STATES
 from ..wal.log import FSYNC_BUCKETS
 
 if TYPE_CHECKING:
-    from ..service import ContinuationService
+    from ..app.service import ContinuationService
 
 class ServiceCollector(Collector):
     def __init__(self, service: ContinuationService) -> None:

@@ -15,9 +15,9 @@ import anyio
 from anyio.abc import TaskGroup
 from hypercorn.config import Config as HypercornConfig
 
+from ..app.service import ContinuationService
 from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
-from ..service import ContinuationService
 from .app import create_app
 from .listener import AcceptLoop, connection_cap, serve_socket
 

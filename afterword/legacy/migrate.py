@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..app.repository import LIVE, TOMB, bounded_batches
 from ..config import Config
 from ..continuations.model import Continuation, encode
 from ..continuations.retention import plan_retention, retention_limits, tombstone_of
 from ..disk import StateRoot
-from ..repository import LIVE, TOMB, bounded_batches
 from ..store import MAX_RECORD_BYTES, Put, RecordStore
 from ..store.keys import CLAIM_BINDING, CONTINUATION_IDS, derive_key
 from .formats import (

@@ -177,8 +177,8 @@ class OutboxChannel:
         return {k: ChunkReceipt(delivery_id=k, channel_id="outbox") for k in delivery_keys if k in present}
 
     async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        from ..app.service import wall_clock_ms
         from ..continuations.rules import format_ms
-        from ..service import wall_clock_ms
 
         line = OutboxLine(
             delivery_key=delivery.delivery_key,

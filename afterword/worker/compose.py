@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..app.service import ContinuationService
 from ..config import Config, OutboxChannelConfig, SlackChannelConfig, WebhookChannelConfig
 from ..continuations import lifecycle
 from ..continuations.model import Continuation
-from ..service import ContinuationService
 from . import channels as ch
 from .loop import Worker
 from .synth import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer

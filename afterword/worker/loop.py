@@ -18,6 +18,8 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
+from ..app.repository import IndexCorrupt
+from ..app.service import ContinuationService
 from ..blobs import BlobBindingError, BlobError
 from ..config import ChannelConfig, channel_allows
 from ..continuations import lifecycle
@@ -29,8 +31,6 @@ from ..continuations.rules import is_actionable
 from ..continuations.snapshot import MAX_MESSAGES, SnapshotMessage, decode_snapshot, newest_whole_turns
 from ..disk import DiskError
 from ..errors import StateError
-from ..repository import IndexCorrupt
-from ..service import ContinuationService
 from ..store import RecordTooLarge, VersionConflict
 from ..wal import TransactionTooLarge
 from .channels import Channel, ChunkDelivery, ChunkReceipt, ReconcilingChannel, can_reconcile, split_chunks

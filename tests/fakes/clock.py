@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from afterword.service import wall_clock_ms
+from afterword.app.service import wall_clock_ms
 
 
 class Clock:

@@ -13,8 +13,8 @@ from _service import ENV, outbox_lines, write_config
 
 import afterword
 from afterword import ContinuationService
+from afterword.app.service import wall_clock_ms
 from afterword.config import Config
-from afterword.service import wall_clock_ms
 from afterword.worker import Worker
 
 from .producer import Producer

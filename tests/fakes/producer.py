@@ -16,8 +16,8 @@ import msgspec
 from _service import DETACHED_TOKEN, deadline, payload_hash
 
 from afterword import ContinuationService
+from afterword.app.binding import RunBinding
 from afterword.continuations.model import Continuation
-from afterword.host.binding import RunBinding
 
 SERVER = "work-control"
 ORIGIN_HISTORY: tuple[Mapping[str, str], ...] = (

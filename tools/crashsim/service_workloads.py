@@ -1,6 +1,6 @@
 """The continuation lifecycle as a crash-simulator workload (``lifecycle``).
 
-The real :class:`~afterword.service.ContinuationService` runs on the recorded disk with its
+The real :class:`~afterword.app.service.ContinuationService` runs on the recorded disk with its
 real worker, driven step by step (no background loop, no HTTP): an interactive claim through a
 run binding, the origin snapshot, activation, the result, then synthesis and delivery through
 ``Worker.synthesize``; beside it a detached claim on a notify route and one on a silent route.
@@ -37,6 +37,8 @@ from typing import Any
 import anyio
 import msgspec
 
+from afterword.app.binding import RunBinding
+from afterword.app.service import ContinuationService
 from afterword.blobs import BlobError, BlobStore
 from afterword.config import Config, DetachedService, NamedRoute
 from afterword.continuations.capabilities import continuation_id, result_token
@@ -44,10 +46,8 @@ from afterword.continuations.model import Continuation, Tombstone, canonical_cla
 from afterword.continuations.rules import format_ms
 from afterword.disk import Disk, DiskFailedError, OsDisk, StateRoot
 from afterword.history import DurableHistory, Message
-from afterword.host.binding import RunBinding
 from afterword.legacy import open_state
 from afterword.protocol.wire import ClaimRequest, ClaimResponse, DetachedClaimRequest, ResultRequest
-from afterword.service import ContinuationService
 from afterword.store import RecordStore, StoreClosedError, StoreOptions
 from afterword.store.keys import CONTINUATION_IDS, RESULT_TOKENS, derive_key
 from afterword.wal import WalOptions

@@ -12,9 +12,9 @@ import weakref
 
 from quart import Quart
 
+from ...app.service import ContinuationService
 from ...continuations.rules import format_ms
 from ...protocol.wire import UiLoginBody
-from ...service import ContinuationService
 from .activity import ActivityRing
 from .auth import UiAuth
 from .routes import build_blueprint

@@ -13,10 +13,10 @@ from urllib.parse import urlencode
 
 from quart import Blueprint, Response, redirect, render_template, request, url_for
 
+from ...app.service import ContinuationService
 from ...continuations.errors import ContinuationError, Forbidden, InvalidRequest, NotFound, TooLarge
 from ...continuations.model import STATES
 from ...continuations.rules import format_ms
-from ...service import ContinuationService
 from .activity import ActivityRing
 from .auth import COOKIE, Session, UiAuth
 from .chart import BAR_W, HEIGHT, WIDTH, chart_rows

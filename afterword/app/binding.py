@@ -1,0 +1,152 @@
+"""Run bindings: the host's side of request-bound continuation claims.
+
+A run gets one claim capability per selected continuation server. The capability is bound
+to the run, the server, the exact origin conversation bucket, the physical reply route and
+the delivery mode; it travels to the server only through reserved environment variables
+(stdio) or reserved headers (HTTP) that the host writes last, over any configured values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..protocol.headers import RESERVED_ENV as RESERVED_ENV
+from ..protocol.headers import RESERVED_HEADERS as RESERVED_HEADERS
+
+if TYPE_CHECKING:
+    from .service import ContinuationService
+
+
+
+__all__ = [
+    "RESERVED_ENV",
+    "RESERVED_HEADERS",
+    "ClaimCapability",
+    "RunBinding",
+    "strip_reserved_env",
+    "strip_reserved_headers",
+]
+
+def strip_reserved_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (env or {}).items() if k.upper() not in RESERVED_ENV}
+
+
+def strip_reserved_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (headers or {}).items() if k.lower() not in RESERVED_HEADERS}
+
+
+@dataclass
+class ClaimCapability:
+    """One server's claim authority for one run. ``token`` is never logged."""
+
+    capability_id: str
+    run_id: str
+    server_name: str
+    conversation_id: str
+    reply_to: str | None
+    mode: str
+    fingerprint: str
+    token: str = field(repr=False)
+    expires_at_ms: int
+    closed: bool = False
+    admitting: int = 0
+    claim_ids: list[str] = field(default_factory=list)
+    drained: anyio.Event = field(default_factory=anyio.Event)
+
+    def enter(self) -> None:
+        self.admitting += 1
+
+    def leave(self) -> None:
+        self.admitting -= 1
+        if self.admitting == 0 and self.closed:
+            self.drained.set()
+
+
+class RunBinding:
+    """The host's handle on one agent run's continuation authority (docs/design.md, Contracts: app handle)."""
+
+    def __init__(
+        self,
+        service: ContinuationService,
+        run_id: str,
+        conversation_id: str,
+        reply_to: str | None,
+        mode: str,
+        capabilities: dict[str, ClaimCapability],
+    ) -> None:
+        self._service = service
+        self.run_id = run_id
+        self.conversation_id = conversation_id
+        self.reply_to = reply_to
+        self.mode = mode
+        self._caps = capabilities
+        self.closed = False
+        self.settled: str | None = None  # "activated" | "abandoned"
+
+    def __repr__(self) -> str:
+        return f"<RunBinding run={self.run_id!r} servers={sorted(self._caps)} closed={self.closed}>"
+
+    @property
+    def servers(self) -> Sequence[str]:
+        return sorted(self._caps)
+
+    @property
+    def claim_ids(self) -> list[str]:
+        """Every claim admitted under this run (active or finished), in admission order."""
+        return [cid for cap in self._caps.values() for cid in cap.claim_ids]
+
+    def _reserved(self, server: str, names: tuple[str, ...]) -> dict[str, str]:
+        """The reserved values for ``server`` under ``names`` (empty: no authority)."""
+        cap = self._caps.get(server)
+        if cap is None or self.closed:
+            return {}
+        values = (self._service.claim_url, cap.token, cap.fingerprint, cap.mode)
+        return dict(zip(names, values, strict=True))
+
+    def stdio_env(self, server: str, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for a stdio server: configured values with reserved names are dropped,
+        then the reserved values are written last (only for a selected server)."""
+        return {**strip_reserved_env(base_env), **self._reserved(server, RESERVED_ENV)}
+
+    def http_headers(self, server: str, base_headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Headers for a loopback HTTP server, built the same way as :meth:`stdio_env`."""
+        return {**strip_reserved_headers(base_headers), **self._reserved(server, RESERVED_HEADERS)}
+
+    async def close(self) -> list[str]:
+        """Close every capability to new claims, wait for admitted claims to finish committing,
+        and return the ids of this run's active claims."""
+        self.closed = True
+        for cap in self._caps.values():
+            cap.closed = True
+            if cap.admitting == 0:
+                cap.drained.set()
+        for cap in self._caps.values():
+            await cap.drained.wait()
+        self._service._forget_capabilities()
+        return self._service._active_claims_of(self)
+
+    async def finalize(self, history: Sequence[Mapping[str, Any]]) -> str | None:
+        """Build and bind the origin snapshot for every active claim; returns its digest, or
+        None when no claim needs origin context. Raises when it cannot be secured, so the
+        host fails its turn instead of publishing success."""
+        if not self.closed:
+            await self.close()
+        return await self._service._finalize_run(self, history)
+
+    async def activate(self) -> None:
+        """The origin turn committed: publish the group activation marker."""
+        if not self.closed:
+            await self.close()
+        await self._service._activate_run(self)
+        self.settled = "activated"
+
+    async def abandon(self) -> None:
+        """The origin run failed or was cancelled before commit."""
+        if not self.closed:
+            await self.close()
+        await self._service._abandon_run(self)
+        self.settled = "abandoned"
