@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from afterword.store import evidence
-from afterword.wal import log as wal_log
+from afterword.wal import recovery as wal_recovery
 from afterword.wal import scan as wal_scan
 from tools.crashsim.__main__ import _seeds, main
 from tools.crashsim.damage import DAMAGE_WORKLOADS, KINDS, run_damage
@@ -55,8 +55,8 @@ def test_damage_fails_closed_or_opens_exactly(name: str, seed: int, scratch: Scr
 
 def test_the_family_catches_a_store_without_evidence(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the evidence checks switched off the same cases open with acknowledged work gone."""
-    monkeypatch.setattr(wal_log, "check_named", lambda *a, **k: None)
-    monkeypatch.setattr(wal_log, "check_acked", lambda *a, **k: None)
+    monkeypatch.setattr(wal_recovery, "check_named", lambda *a, **k: None)
+    monkeypatch.setattr(wal_recovery, "check_acked", lambda *a, **k: None)
     monkeypatch.setattr(evidence.ReplayCheck, "finish", lambda self, actual: None)
     result = run_damage(get_workload("checkpoint")(seed=0), scratch, budget=30)
     assert result.total("silent_loss") > 0

@@ -1,0 +1,304 @@
+"""Segment slots and the synchronous write of one batch (frames + shadow per segment).
+
+``SegmentLog`` owns the slots, the live chain and the tail; ``write_batch`` writes one group
+of ``(lsn, payload)`` items durably. Group commit (``log.py``) and replay (``recovery.py``)
+build on it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..disk import FileHandle, StateRoot, StorageFullError
+from .errors import TransactionTooLarge, WalClosedError
+from .frame import SEGMENT_HEADER_SIZE, SegmentHeader, encode_frame, encode_segment_header, frame_size
+from .options import WalOptions, WalStatistics
+from .scan import NamedSegment
+from .shadow import SHADOW_OVERHEAD, encode_shadow
+
+SEGMENT_SUFFIX = ".seg"
+
+
+@dataclass
+class _Segment:
+    slot: int
+    handle: FileHandle
+    size: int = 0  # bytes of the slot file
+    header: SegmentHeader | None = None  # None: free slot
+    named: bool = False  # header durable, so a MANIFEST may name this life
+
+
+
+class SegmentLog:
+    """The segment slots of a log in ``<root>/<rel_dir>`` and the synchronous batch write."""
+
+    def __init__(self, root: StateRoot, rel_dir: str, options: WalOptions) -> None:
+        self.root = root
+        self.rel_dir = rel_dir
+        self.options = options
+        self.stats = WalStatistics()
+        self._segments: dict[int, _Segment] = {}
+        self._chain: list[int] = []  # slots of the live chain, in seq order
+        self._tail: _Segment | None = None
+        self._tail_offset = SEGMENT_HEADER_SIZE
+        self._next_seq = 1
+        self.next_lsn = 1
+        self.durable_lsn = 0
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self._frames_written = False
+        # Called (in the writing thread, under the write lock) once a new segment life's
+        # header is durable and before any frame is written into it; the record store names
+        # the life in its MANIFEST there, so a named segment that is gone is proof of damage.
+        self.on_segment_start: Callable[[], None] | None = None
+
+    def _slot_rel(self, slot: int) -> str:
+        return f"{self.rel_dir}/{slot:08d}{SEGMENT_SUFFIX}"
+
+    def live_segments(self, start_seq: int) -> list[NamedSegment]:
+        """Segment lives of the chain from ``start_seq`` on whose header is durable."""
+        out: list[NamedSegment] = []
+        for slot in list(self._chain):
+            seg = self._segments.get(slot)
+            header = seg.header if seg is not None else None
+            if seg is not None and header is not None and seg.named and header.seq >= start_seq:
+                out.append(NamedSegment(slot, header.seq, header.salt, header.first_lsn, seg.size))
+        return out
+
+    # -- writing -----------------------------------------------------------------------------
+    @property
+    def log_bytes(self) -> int:
+        return len(self._chain) * self.options.segment_size
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        return self.log_bytes >= self.options.max_log_bytes
+
+    def check_payload(self, payload: bytes) -> None:
+        if len(payload) > self.options.max_payload:
+            raise TransactionTooLarge(
+                f"transaction of {len(payload)} bytes exceeds {self.options.max_payload}"
+            )
+
+    def _free_slots(self) -> list[_Segment]:
+        out = []
+        for slot in sorted(s for s, seg in self._segments.items() if seg.header is None):
+            seg = self._segments[slot]
+            if self.root.disk.fstat(seg.handle.fd).st_size == self.options.segment_size:
+                out.append(seg)
+        return out
+
+    def _new_slot(self) -> _Segment:
+        free = self._free_slots()
+        return free[0] if free else self._create_slot()
+
+    def _create_slot(self) -> _Segment:
+        """A new zero-filled slot, created whole or not at all (``StorageFullError``)."""
+        slot = max(self._segments, default=-1) + 1
+        handle = self.root.create_whole(
+            self._slot_rel(slot), self.options.segment_size, zero_fill=self.options.zero_fill
+        )
+        seg = _Segment(slot, handle, self.options.segment_size)
+        self._segments[slot] = seg
+        return seg
+
+    def _starts_life(self, present: bool, part_start: int, offset: int, size: int) -> bool:
+        """Whether a frame of ``size`` at ``offset`` must go to a new segment life: there is
+        no tail, or the write's part in this segment (from ``part_start``) and its shadow
+        would not fit."""
+        end = offset + size
+        return not present or end + SHADOW_OVERHEAD + (end - part_start) > self.options.segment_size
+
+    def _slots_needed(self, items: Sequence[tuple[int, bytes]]) -> int:
+        """How many new segment lives writing ``items`` will start."""
+        need = 0
+        offset = part_start = self._tail_offset
+        present = self._tail is not None
+        for _, payload in items:
+            size = frame_size(len(payload))
+            if self._starts_life(present, part_start, offset, size):
+                need += 1
+                offset = part_start = SEGMENT_HEADER_SIZE
+                present = True
+            offset += size
+        return need
+
+    def _prepare_slots(self, items: Sequence[tuple[int, bytes]]) -> None:
+        # Before the first byte of the batch is written: running out of space here leaves
+        # the log exactly as it was, so the batch can be refused without poisoning the root.
+        need = self._slots_needed(items) - len(self._free_slots())
+        for _ in range(need):
+            self._create_slot()
+
+    def write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Write ``(lsn, payload)`` items as one durable batch (synchronous; the leader's job).
+
+        Lsns must continue the log. Returns after every touched segment is fdatasynced.
+        """
+        if not items:
+            return
+        with self._write_lock:
+            self.root.check_writable()
+            try:
+                self._prepare_slots(items)
+            except StorageFullError:
+                raise  # nothing written (the root noted it)
+            except Exception as exc:
+                self.root.fail(exc)
+                raise
+            self._frames_written = False
+            try:
+                self._write_batch(items)
+                self.root.full = None
+            except StorageFullError as exc:
+                if self._frames_written:
+                    self.root.fail(exc)
+                # else refused before any frame was written: the log is as it was
+                raise
+            except Exception as exc:
+                # A batch that failed midway leaves this object's tail, lsns and segment
+                # headers ahead of (or apart from) the files: poison the root so that no later
+                # commit is written on top of that; a reopen rebuilds the view from disk.
+                self.root.fail(exc)
+                raise
+
+    def _start_lives(self, items: Sequence[tuple[int, bytes]]) -> list[_Segment]:
+        """Start, before any frame of the batch is written, every segment life it needs.
+
+        With a MANIFEST to keep (``on_segment_start``): each header is written and made
+        durable, then the MANIFEST names the lives; no crash can leave a named life without
+        its header. If naming fails for lack of space the lives are forgotten again (their
+        headers are zeroed again; a crash before that leaves an empty unnamed life, which
+        replay passes over) and ``StorageFullError`` leaves the log as it was.
+        """
+        lives: list[_Segment] = []
+        offset = part_start = self._tail_offset
+        present = self._tail is not None
+        for lsn, payload in items:
+            size = frame_size(len(payload))
+            if self._starts_life(present, part_start, offset, size):
+                seg = self._new_slot()
+                seg.header = SegmentHeader(self._next_seq, secrets.randbits(64) | 1, lsn)
+                seg.named = self.on_segment_start is None
+                self._next_seq += 1
+                lives.append(seg)
+                offset = part_start = SEGMENT_HEADER_SIZE
+                present = True
+            offset += size
+        if not lives or self.on_segment_start is None:
+            return lives
+        for seg in lives:
+            assert seg.header is not None
+            self._pwrite(seg, [encode_segment_header(seg.header)], 0)
+            self.root.fdatasync(seg.handle)
+            seg.named = True
+            self._chain.append(seg.slot)
+        try:
+            self.on_segment_start()
+        except StorageFullError:
+            # Unname the lives on disk too (zero their headers) and hand their seqs out
+            # again: a stray header with a seq the next life also takes would read as a gap.
+            for seg in lives:
+                self._pwrite(seg, [b"\x00" * SEGMENT_HEADER_SIZE], 0)
+                self.root.fdatasync(seg.handle)
+                seg.header, seg.named = None, False
+                self._chain.remove(seg.slot)
+            self._next_seq -= len(lives)
+            raise
+        return lives
+
+    def _write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+        self.root.check_writable()
+        batch_start = items[0][0]
+        lives = iter(self._start_lives(items))
+        self._frames_written = True
+        touched: list[_Segment] = []
+        head: list[bytes] = []  # the segment header, when it is not durable yet
+        parts: list[bytes] = []
+        part_offset = self._tail_offset
+        part_first = batch_start
+        seg = self._tail
+        for lsn, payload in items:
+            size = frame_size(len(payload))
+            if self._starts_life(seg is not None, part_offset, self._tail_offset, size):
+                if seg is not None and parts:
+                    self._write_part(seg, head, parts, part_offset, part_first, lsn - 1)
+                seg = next(lives)
+                assert seg.header is not None and seg.header.first_lsn == lsn
+                self._tail = seg
+                self._tail_offset = part_offset = SEGMENT_HEADER_SIZE
+                part_first = lsn
+                if self.on_segment_start is not None:
+                    head = []  # header already durable
+                else:
+                    self._chain.append(seg.slot)
+                    head = [encode_segment_header(seg.header)]
+            assert seg is not None  # a missing tail always starts a life
+            if seg not in touched:
+                touched.append(seg)
+            assert seg.header is not None
+            parts.append(encode_frame(seg.header.salt, lsn, batch_start, payload))
+            self._tail_offset += size
+        assert seg is not None
+        self._write_part(seg, head, parts, part_offset, part_first, items[-1][0])
+        for s in touched:
+            self.root.check_identity(s.handle)
+            if not self.options.unsafe_no_fsync:
+                began = time.perf_counter()
+                self.root.fdatasync(s.handle)
+                self.stats.observe_fsync(time.perf_counter() - began)
+        self.durable_lsn = items[-1][0]
+        self.stats.batches += 1
+        self.stats.commits += len(items)
+        self.stats.max_batch = max(self.stats.max_batch, len(items))
+
+    def _write_part(
+        self, seg: _Segment, head: list[bytes], parts: list[bytes], offset: int, first: int, last: int
+    ) -> None:
+        """Write one segment's part of a batch (frames ``first..last`` from ``offset``) and its
+        shadow behind it, with the segment header in front when that is not durable yet."""
+        assert seg.header is not None
+        frames = b"".join(parts)
+        shadow = encode_shadow(seg.header.salt, offset, first, last, frames)
+        self._pwrite(seg, [*head, frames, *shadow], offset - SEGMENT_HEADER_SIZE if head else offset)
+        parts.clear()
+
+    def _pwrite(self, seg: _Segment, parts: list[bytes], offset: int) -> None:
+        data = b"".join(parts)
+        # Before writing too (not only before the fdatasync): bytes sent through a stale
+        # descriptor would land in whatever file the old inode now is.
+        self.root.check_identity(seg.handle)
+        self.root.pwrite(seg.handle, data, offset)
+        self.stats.bytes_written += len(data)
+        parts.clear()
+
+
+    def retire_before(self, start_seq: int) -> None:
+        with self._write_lock:  # a group write may be choosing segments in its thread
+            self._retire_before(start_seq)
+
+    def _retire_before(self, start_seq: int) -> None:
+        keep: list[int] = []
+        for slot in self._chain:
+            seg = self._segments[slot]
+            if seg.header is not None and seg.header.seq < start_seq:
+                seg.header = None
+            else:
+                keep.append(slot)
+        self._chain = keep
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WalClosedError("write-ahead log is closed")
+
+    def close(self) -> None:
+        self._closed = True
+        for seg in self._segments.values():
+            self.root.close(seg.handle)
+        self._segments.clear()
+
