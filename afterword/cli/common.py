@@ -6,18 +6,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 import msgspec
 
+from ..clients.operator import OperatorClient, read_operator_token
 from ..config import Config, default_config, load_config
+from ..disk import DiskError
 from ..errors import AfterwordError
 
 CONFIG_HELP = (
     "the afterword.json the service runs with (default: ./afterword.json if present, else the "
     "built-in defaults: 127.0.0.1:4319, state in ./.mono-agent/continuations)"
 )
+# `continuations health` (and every operator verb) when the service cannot be reached.
+EXIT_UNREACHABLE = 3
 JSON_HELP = "print JSON on stdout (errors too, as {\"error\": {\"code\", \"message\"}})"
 
 
@@ -62,3 +67,28 @@ class Parser(argparse.ArgumentParser):
             sys.exit(2)
         super().error(message)
 
+
+def operator_client(args: argparse.Namespace) -> tuple[Config, OperatorClient]:
+    """The ``--config`` in ``args`` and a client holding the operator capability derived from
+    that configuration's state secret (so only the state directory's owner gets one)."""
+    config = resolve_config(args.config, check_secrets=False)
+    return config, OperatorClient(config, derive_capability(config, read_operator_token))
+
+
+def derive_capability(config: Config, read: Callable[[Config], str]) -> str:
+    if not os.path.isdir(config.state_dir):
+        raise CliError(
+            f"no service state at {config.state_dir}: pass --config with the afterword.json the "
+            "service runs with, or start `afterword serve` first",
+            EXIT_UNREACHABLE,
+            "no_state",
+        )
+    try:
+        return read(config)
+    except (DiskError, OSError) as exc:
+        raise CliError(
+            f"cannot derive the operator capability from {config.state_dir}: {exc} (run the CLI as the "
+            "user that owns the service's state directory)",
+            1,
+            "state_dir",
+        ) from None

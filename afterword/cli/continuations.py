@@ -9,60 +9,35 @@ the exception: it reads the state directory itself, read-only. Exit codes are in
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import stat
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..clients.operator import (
-    OperatorClient,
     OperatorError,
-    read_host_token,
-    read_metrics_token,
-    read_operator_token,
 )
-from ..config import Config
 from ..continuations.health import SEVERITY
-from ..disk import DiskError
-from .common import CONFIG_HELP, JSON_HELP, CliError, print_json, report, resolve_config
+from .common import (
+    CONFIG_HELP,
+    EXIT_UNREACHABLE,
+    JSON_HELP,
+    CliError,
+    operator_client,
+    print_json,
+    report,
+    resolve_config,
+)
 from .render import print_detail, print_health, print_page
+from .tokens import add_token_parsers
 from .ui import add_ui_parser
 
-EXIT_UNREACHABLE = 3
 _ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
 _VERDICTS = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
 
 
-def _client(args: argparse.Namespace) -> tuple[Config, OperatorClient]:
-    config = resolve_config(args.config, check_secrets=False)
-    return config, OperatorClient(config, _operator_secret(config, read_operator_token))
-
-
-def _operator_secret(config: Config, read: Callable[[Config], str]) -> str:
-    if not os.path.isdir(config.state_dir):
-        raise CliError(
-            f"no service state at {config.state_dir}: pass --config with the afterword.json the "
-            "service runs with, or start `afterword serve` first",
-            EXIT_UNREACHABLE,
-            "no_state",
-        )
-    try:
-        return read(config)
-    except (DiskError, OSError) as exc:
-        raise CliError(
-            f"cannot derive the operator capability from {config.state_dir}: {exc} (run the CLI as the "
-            "user that owns the service's state directory)",
-            1,
-            "state_dir",
-        ) from None
-
-
 def cmd_health(args: argparse.Namespace) -> int:
     try:
-        _, client = _client(args)
+        _, client = operator_client(args)
     except CliError as exc:
         return report(args, exc.kind, str(exc), EXIT_UNREACHABLE)
     try:
@@ -89,7 +64,7 @@ def _next_command(args: argparse.Namespace, cursor: str) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         page = client.list(limit=args.limit, cursor=args.cursor)
     finally:
@@ -102,7 +77,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         detail = client.show(args.id)
     finally:
@@ -115,57 +90,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         sys.stdout.write(client.metrics())
     finally:
         client.close()
-    return 0
-
-
-def cmd_metrics_token(args: argparse.Namespace) -> int:
-    from ..disk import write_private_file
-
-    config = resolve_config(args.config, check_secrets=False)
-    token = _operator_secret(config, read_metrics_token)
-    target = Path(os.path.abspath(args.output))
-    try:
-        write_private_file(str(target), token.encode())
-    except OSError as exc:
-        raise CliError(f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io") from None
-    # The token itself is never printed: the file is the only copy outside the state directory.
-    print(f"wrote the read-only metrics capability to {target} (mode 0600)")
-    return 0
-
-
-def _refuse_unsafe_target(target: Path) -> None:
-    """An existing file is replaced only if it is a plain file of ours with no other name:
-    a symlink, another user's file or a hard link could hand the capability to someone else."""
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        raise CliError(f"refusing to replace {target}: it is not a regular file (a symlink?)", 1, "unsafe_target")
-    if st.st_uid != os.geteuid() or st.st_nlink != 1:
-        raise CliError(
-            f"refusing to replace {target}: it belongs to another user or has other hard links", 1, "unsafe_target"
-        )
-
-
-def cmd_host_token(args: argparse.Namespace) -> int:
-    from ..disk import write_private_file
-
-    config = resolve_config(args.config, check_secrets=False)
-    token = _operator_secret(config, read_host_token)
-    target = Path(os.path.abspath(args.file))
-    _refuse_unsafe_target(target)
-    try:
-        write_private_file(str(target), token.encode())
-    except OSError as exc:
-        raise CliError(f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io") from None
-    # Never printed: the host process reads the file (docs/host-api.md).
-    print(f"wrote the host capability to {target} (mode 0600)")
     return 0
 
 
@@ -179,7 +108,7 @@ def _show_status(status: object, args: argparse.Namespace) -> None:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         _show_status(client.retry(args.id, args.allow_unknown), args)
     finally:
@@ -188,7 +117,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         _show_status(client.cancel(args.id), args)
     finally:
@@ -197,7 +126,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_acknowledge(args: argparse.Namespace) -> int:
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         _show_status(client.acknowledge(args.id), args)
     finally:
@@ -218,7 +147,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         )
     if verdict != "delivered" and args.delivery_id:
         raise CliError(f"resolve ID {verdict} takes no further argument", 2)
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         _show_status(client.resolve(args.id, kinds[verdict], args.delivery_id), args)
     finally:
@@ -380,28 +309,6 @@ def add_continuations_parser(sub: Any) -> None:
     mt.add_argument("--json", action="store_true", help="errors as JSON (the metrics stay text)")
     mt.set_defaults(func=cmd_metrics)
 
-    mk = csub.add_parser(
-        "metrics-token",
-        help="write the read-only metrics capability to a file (for a scraper)",
-        description="Write a capability that opens GET /v1/operator/metrics and nothing else to "
-        "PATH (mode 0600, replaced atomically), for Prometheus' authorization.credentials_file. "
-        "It is derived from the state directory's secret, so it survives restarts; the operator "
-        "capability itself never leaves the CLI.",
-    )
-    common(mk)
-    mk.add_argument("output", metavar="PATH", help="file to write (created 0600; an existing file is replaced)")
-    mk.set_defaults(func=cmd_metrics_token)
-    ht = csub.add_parser(
-        "host-token",
-        help="write the host capability to a file (for a host that binds runs over HTTP)",
-        description="Write the capability that opens the /v1/host API (begin, close, finalize, "
-        "activate and abandon runs; read captured text) to PATH, mode 0600, replaced atomically. "
-        "It is derived from the state directory's secret and survives restarts. It is never "
-        "printed; an existing symlink, hard link or another user's file at PATH is refused.",
-    )
-    common(ht)
-    ht.add_argument("--file", required=True, metavar="PATH", help="file to write (created 0600)")
-    ht.set_defaults(func=cmd_host_token)
     dr = csub.add_parser(
         "doctor",
         help="read-only: what in the state directory is damaged and how to restore it",
@@ -414,4 +321,5 @@ def add_continuations_parser(sub: Any) -> None:
     common(dr)
     dr.add_argument("--state-dir", help="check this directory (e.g. a backup) instead of the config's")
     dr.set_defaults(func=cmd_doctor)
+    add_token_parsers(csub, common)
     add_ui_parser(csub, common)

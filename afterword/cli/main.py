@@ -21,8 +21,8 @@ from ..disk import DiskError
 from ..legacy import MigrationError
 from ..store import StoreError, StoreLockedError
 from ..wal import WalError
-from .common import CONFIG_HELP, CliError, Parser, report, resolve_config
-from .continuations import EXIT_UNREACHABLE, add_continuations_parser, operator_message
+from .common import CONFIG_HELP, EXIT_UNREACHABLE, CliError, Parser, report, resolve_config
+from .continuations import add_continuations_parser, operator_message
 from .tasks import add_tasks_parser
 
 

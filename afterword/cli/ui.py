@@ -12,7 +12,7 @@ import sys
 import webbrowser
 from typing import Any
 
-from .common import print_json
+from .common import operator_client, print_json
 
 _DESCRIPTION = (
     "Print a login link for the status page that `afterword serve` shows under /ui. The link "
@@ -23,9 +23,7 @@ _DESCRIPTION = (
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from .continuations import _client  # the operator capability, derived from the state secret
-
-    _, client = _client(args)
+    _, client = operator_client(args)
     try:
         body = client.ui_login()
     finally:

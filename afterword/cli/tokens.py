@@ -1,0 +1,91 @@
+"""``afterword continuations metrics-token|host-token``: hand a narrower capability to
+another process through an owner-only file.
+
+Both are derived from the state directory's secret, so they survive restarts, and neither is
+ever printed: the file (mode 0600, replaced atomically) is the only copy outside the state
+directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..clients.operator import read_host_token, read_metrics_token
+from .common import CliError, derive_capability, resolve_config
+
+
+def cmd_metrics_token(args: argparse.Namespace) -> int:
+    from ..disk import write_private_file
+
+    config = resolve_config(args.config, check_secrets=False)
+    token = derive_capability(config, read_metrics_token)
+    target = Path(os.path.abspath(args.output))
+    try:
+        write_private_file(str(target), token.encode())
+    except OSError as exc:
+        raise CliError(f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io") from None
+    # The token itself is never printed: the file is the only copy outside the state directory.
+    print(f"wrote the read-only metrics capability to {target} (mode 0600)")
+    return 0
+
+
+def _refuse_unsafe_target(target: Path) -> None:
+    """An existing file is replaced only if it is a plain file of ours with no other name:
+    a symlink, another user's file or a hard link could hand the capability to someone else."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise CliError(f"refusing to replace {target}: it is not a regular file (a symlink?)", 1, "unsafe_target")
+    if st.st_uid != os.geteuid() or st.st_nlink != 1:
+        raise CliError(
+            f"refusing to replace {target}: it belongs to another user or has other hard links", 1, "unsafe_target"
+        )
+
+
+def cmd_host_token(args: argparse.Namespace) -> int:
+    from ..disk import write_private_file
+
+    config = resolve_config(args.config, check_secrets=False)
+    token = derive_capability(config, read_host_token)
+    target = Path(os.path.abspath(args.file))
+    _refuse_unsafe_target(target)
+    try:
+        write_private_file(str(target), token.encode())
+    except OSError as exc:
+        raise CliError(f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io") from None
+    # Never printed: the host process reads the file (docs/host-api.md).
+    print(f"wrote the host capability to {target} (mode 0600)")
+    return 0
+
+
+def add_token_parsers(csub: Any, common: Callable[..., None]) -> None:
+    """Register ``metrics-token`` and ``host-token`` under ``continuations``."""
+    mk = csub.add_parser(
+        "metrics-token",
+        help="write the read-only metrics capability to a file (for a scraper)",
+        description="Write a capability that opens GET /v1/operator/metrics and nothing else to "
+        "PATH (mode 0600, replaced atomically), for Prometheus' authorization.credentials_file. "
+        "It is derived from the state directory's secret, so it survives restarts; the operator "
+        "capability itself never leaves the CLI.",
+    )
+    common(mk)
+    mk.add_argument("output", metavar="PATH", help="file to write (created 0600; an existing file is replaced)")
+    mk.set_defaults(func=cmd_metrics_token)
+    ht = csub.add_parser(
+        "host-token",
+        help="write the host capability to a file (for a host that binds runs over HTTP)",
+        description="Write the capability that opens the /v1/host API (begin, close, finalize, "
+        "activate and abandon runs; read captured text) to PATH, mode 0600, replaced atomically. "
+        "It is derived from the state directory's secret and survives restarts. It is never "
+        "printed; an existing symlink, hard link or another user's file at PATH is refused.",
+    )
+    common(ht)
+    ht.add_argument("--file", required=True, metavar="PATH", help="file to write (created 0600)")
+    ht.set_defaults(func=cmd_host_token)
