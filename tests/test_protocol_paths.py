@@ -45,6 +45,12 @@ def test_url_joins_the_base_and_encodes_the_id() -> None:
     assert paths.url(paths.RETRY, cid="../x?y#z/") == "/v1/operator/continuations/..%2Fx%3Fy%23z%2F/retry"
 
 
+def test_url_encodes_a_run_id_too() -> None:
+    assert paths.url(paths.HOST_CLOSE, run_id="r/1?x") == "/v1/host/runs/r%2F1%3Fx/close"
+
+
 def test_url_refuses_a_template_whose_id_is_missing() -> None:
     with pytest.raises(ValueError, match="needs a continuation id"):
         paths.url(paths.SHOW, "http://h:1")
+    with pytest.raises(ValueError, match="or run id"):
+        paths.url(paths.HOST_RUN, cid="c_1")

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import httpx
 import msgspec
 
 from ..app.binding import strip_reserved_env, strip_reserved_headers
 from ..continuations import errors as E
+from ..protocol import paths
 from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS
-from ..protocol.host import HOST_PREFIX, CapturedTextBody, RunBody
+from ..protocol.host import CapturedTextBody, RunBody
 from ..protocol.wire import HealthBody, ListResponse, StatusBody
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class HostApiError(E.ContinuationError):
 
 class HostClient:
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
-        self._base = base_url.rstrip("/") + HOST_PREFIX
+        self._base = base_url.rstrip("/")
         # trust_env=False: the host capability goes to the loopback service only, never to a
         # proxy named in the environment.
         self._client = httpx.AsyncClient(
@@ -93,36 +93,36 @@ class HostClient:
         self, run_id: str, conversation_id: str, reply_to: str | None, mode: str = "reply"
     ) -> RemoteRun:
         body = {"runId": run_id, "conversationId": conversation_id, "replyTo": reply_to, "mode": mode}
-        return RemoteRun(self, await self.call("POST", "/runs", RunBody, json=body))
+        return RemoteRun(self, await self.call("POST", paths.HOST_RUNS, RunBody, json=body))
 
     async def get_run(self, run_id: str) -> RemoteRun:
-        return RemoteRun(self, await self.call("GET", f"/runs/{quote(run_id, safe='')}", RunBody))
+        return RemoteRun(self, await self.call("GET", paths.url(paths.HOST_RUN, run_id=run_id), RunBody))
 
     # -- the handle's continuation operations ----------------------------------------------
     async def continuation_health(self) -> HealthBody:
-        return await self.call("GET", "/health", HealthBody)
+        return await self.call("GET", paths.HOST_HEALTH, HealthBody)
 
     async def list_continuations(self, limit: int | None = None, cursor: str | None = None) -> ListResponse:
         params = {k: str(v) for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
-        return await self.call("GET", "/continuations", ListResponse, params=params)
+        return await self.call("GET", paths.HOST_LIST, ListResponse, params=params)
 
     async def captured_continuation_text(self, cid: str) -> str | None:
-        path = f"/continuations/{quote(cid, safe='')}/captured-text"
+        path = paths.url(paths.HOST_CAPTURED_TEXT, cid=cid)
         return (await self.call("GET", path, CapturedTextBody)).text
 
     async def retry_continuation(self, cid: str, allow_unknown: bool = False) -> StatusBody:
-        path = f"/continuations/{quote(cid, safe='')}/retry"
+        path = paths.url(paths.HOST_RETRY, cid=cid)
         return await self.call("POST", path, StatusBody, json={"allowUnknown": allow_unknown})
 
     async def cancel_continuation(self, cid: str) -> StatusBody:
-        return await self.call("POST", f"/continuations/{quote(cid, safe='')}/cancel", StatusBody)
+        return await self.call("POST", paths.url(paths.HOST_CANCEL, cid=cid), StatusBody)
 
     async def resolve_continuation_delivery(self, cid: str, resolution: Mapping[str, Any]) -> StatusBody:
         body = {"kind": resolution["kind"]}
         delivery_id = resolution.get("deliveryId") or resolution.get("delivery_id")
         if delivery_id is not None:
             body["deliveryId"] = delivery_id
-        return await self.call("POST", f"/continuations/{quote(cid, safe='')}/resolve", StatusBody, json=body)
+        return await self.call("POST", paths.url(paths.HOST_RESOLVE, cid=cid), StatusBody, json=body)
 
 
 class RemoteRun:
@@ -168,8 +168,8 @@ class RemoteRun:
         assert set(reserved) <= set(RESERVED_HEADERS)
         return {**strip_reserved_headers(base_headers), **reserved}
 
-    async def _post(self, verb: str, **kw: Any) -> RunBody:
-        path = f"/runs/{quote(self.run_id, safe='')}/{verb}"
+    async def _post(self, template: str, **kw: Any) -> RunBody:
+        path = paths.url(template, run_id=self.run_id)
         self.body = await self._client.call("POST", path, RunBody, **kw)
         return self.body
 
@@ -178,22 +178,22 @@ class RemoteRun:
         return self.body
 
     async def heartbeat(self) -> RunBody:
-        return await self._post("heartbeat")
+        return await self._post(paths.HOST_HEARTBEAT)
 
     async def close(self) -> list[str]:
         """Close and drain; the ids of the run's active claims."""
-        body = await self._post("close")
+        body = await self._post(paths.HOST_CLOSE)
         return [c.continuation_id for c in body.claims if c.state not in _TERMINAL]
 
     async def finalize(self, history: Sequence[Mapping[str, Any]]) -> str | None:
-        body = await self._post("finalize", json={"history": [dict(m) for m in history]})
+        body = await self._post(paths.HOST_FINALIZE, json={"history": [dict(m) for m in history]})
         return body.snapshot_digest
 
     async def activate(self) -> None:
-        await self._post("activate")
+        await self._post(paths.HOST_ACTIVATE)
 
     async def abandon(self) -> None:
-        await self._post("abandon")
+        await self._post(paths.HOST_ABANDON)
 
 
 _TERMINAL = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})

@@ -15,7 +15,6 @@ from .wire import StatusBody
 
 RunState = Literal["open", "closed", "finalized", "activated", "abandoned"]
 AbandonReason = Literal["host", "lease_lapsed"]
-HOST_PREFIX = "/v1/host"
 
 
 class BeginRunRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):

@@ -84,12 +84,16 @@ def route(template: str) -> str:
     return template.replace("{cid}", "<cid>").replace("{runId}", "<runId>")
 
 
-def url(template: str, base: str = "", *, cid: str | None = None) -> str:
-    """``base`` (no trailing slash needed) joined with ``template``, the id percent-encoded.
+def url(template: str, base: str = "", *, cid: str | None = None, run_id: str | None = None) -> str:
+    """``base`` (no trailing slash needed) joined with ``template``, the ids percent-encoded.
 
     Every character that could end a path segment or start a query is encoded, so an id read
-    from a terminal or a file can only ever name one continuation."""
-    path = template if cid is None else template.replace("{cid}", quote(cid, safe=""))
+    from a terminal or a file can only ever name one continuation or run."""
+    path = template
+    if cid is not None:
+        path = path.replace("{cid}", quote(cid, safe=""))
+    if run_id is not None:
+        path = path.replace("{runId}", quote(run_id, safe=""))
     if "{" in path:
-        raise ValueError(f"{template} needs a continuation id")
+        raise ValueError(f"{template} needs a continuation id or run id")
     return base.rstrip("/") + path
