@@ -35,6 +35,7 @@ def run_python(args: list[str], scratch: Path) -> subprocess.CompletedProcess[st
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
+@pytest.mark.slow
 def test_compare_quick_reports_every_system_and_setting(tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     scratch = tmp_path / "scratch"
@@ -81,6 +82,7 @@ def test_compare_quick_reports_every_system_and_setting(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
+@pytest.mark.slow
 def test_benchmark_suites_execute_once(tmp_path: Path) -> None:
     proc = run_python(["-m", "pytest", "bench", "-q", "--benchmark-disable", "-x"], tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

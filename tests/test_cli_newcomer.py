@@ -85,6 +85,7 @@ def test_state_labels_tell_held_from_scheduled() -> None:
     assert _state_label("delivered", False, None) == "delivered"
 
 
+@pytest.mark.slow
 def test_operator_path_show_list_outcome_metrics_livez(tmp_path: Path, hook: FakeWebhook) -> None:
     config = write_operator_config(tmp_path, hook.url)
     with served(config) as server:

@@ -14,6 +14,7 @@ from _cli import FakeWebhook, Server, cli, run_cli, run_printed, served, write_o
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow
 def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook) -> None:
     config = write_operator_config(tmp_path, hook.url)
     with served(config) as server:
@@ -145,6 +146,7 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
     assert run_cli("continuations", "health", config=config).returncode == 3
 
 
+@pytest.mark.slow
 def test_pagination_250_records(tmp_path: Path, hook: FakeWebhook) -> None:
     config = write_operator_config(tmp_path, hook.url)
     with served(config) as server:

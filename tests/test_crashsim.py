@@ -322,6 +322,7 @@ def test_segment_past_the_end_is_recycled_without_a_seq_gap(scratch: Scratch) ->
     assert result.violations == [], result.violations
 
 
+@pytest.mark.slow
 def test_bounded_sample_of_every_workload_and_model(scratch: Scratch) -> None:
     """What CI runs: every built-in workload under every default model and a sample of
     injected I/O errors, each bounded; no violation may appear."""
@@ -339,6 +340,7 @@ def test_bounded_sample_of_every_workload_and_model(scratch: Scratch) -> None:
     assert not [v for r in models for v in r.violations] + [v for r in faults for v in r.violations], report
 
 
+@pytest.mark.slow
 def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
     assert main(["list"]) == 0

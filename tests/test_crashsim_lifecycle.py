@@ -102,6 +102,7 @@ def test_ops_run_whole_steps_and_recordings_repeat(scratch: Scratch) -> None:
 
 
 # -- a bounded sample (CI) ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_bounded_sample_of_the_lifecycle_has_no_violation(scratch: Scratch) -> None:
     settings = Settings(budget=200, recovery_budget=8, fault_budget=48)
     workload = ContinuationLifecycle(seed=1)

@@ -16,6 +16,7 @@ from rich.console import Console
 from afterword.cli import demo
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
     for name in list(env):

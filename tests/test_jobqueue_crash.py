@@ -40,6 +40,7 @@ def scratch() -> Iterator[Scratch]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_the_crash_workload_runs_from_outside_the_package_with_no_violation(tmp_path: Path) -> None:
     full = os.environ.get("AFTERWORD_JOBQUEUE_CRASH") == "full"
     out = tmp_path / "crash.json"

@@ -137,6 +137,7 @@ def test_health_and_percentiles() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_sigkill_smoke_under_retention_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     # Services forked from a preloaded fork server, as in the soak (cheaper; the refuse-start
     # test keeps the cold start). A retention limit of 2 tombstones, with work done between
@@ -181,6 +182,7 @@ def test_a_record_deleted_behind_the_services_back_is_flagged(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_service_that_refuses_to_start_after_a_kill_is_flagged(tmp_path: Path) -> None:
     report = run_killtest(
         kills=2,

@@ -35,6 +35,7 @@ async def run_with_large_results(
     return binding, claims
 
 
+@pytest.mark.slow
 async def test_large_run_finalizes_activates_and_abandons(tmp_path: Path) -> None:
     config, env = make_config(tmp_path)
     async with running(config, env) as h:

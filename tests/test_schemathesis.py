@@ -234,6 +234,7 @@ def _fuzz(
     return sent
 
 
+@pytest.mark.slow
 def test_api_conforms_to_its_document(live: Live | Served, capsys: pytest.CaptureFixture[str]) -> None:
     schema = schemathesis.openapi.from_url(live.base + "/v1/openapi.json")
     examples = EXAMPLES if isinstance(live, Live) else max(1, EXAMPLES // 2)
