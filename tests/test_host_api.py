@@ -26,7 +26,7 @@ from afterword.clients.operator import read_host_token, read_operator_token
 from afterword.config import ConfigError
 from afterword.continuations import FALLBACK_TEXT
 from afterword.continuations.model import ErrorInfo
-from afterword.http.openapi import HOST_OPERATIONS
+from afterword.http.operations import HOST_OPERATIONS
 
 pytestmark = pytest.mark.anyio
 ORIGIN = [{"role": "user", "content": "index the repo"}, {"role": "assistant", "content": "started"}]

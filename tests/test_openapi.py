@@ -19,7 +19,8 @@ from afterword.clients.operator import read_metrics_token, read_operator_token
 from afterword.continuations.capabilities import result_token
 from afterword.continuations.model import ErrorInfo
 from afterword.http.app import create_app
-from afterword.http.openapi import HOST_OPERATIONS, OPERATIONS, build_openapi, openapi_bytes
+from afterword.http.openapi import build_openapi, openapi_bytes
+from afterword.http.operations import HOST_OPERATIONS, OPERATIONS
 
 pytestmark = pytest.mark.anyio
 SHIPPED = Path(afterword.http.__file__).parent / "openapi.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import afterword
-from afterword.http.openapi import OPERATIONS
+from afterword.http.operations import OPERATIONS
 from afterword.protocol import paths
 
 TEMPLATES = {name: getattr(paths, name) for name in paths.__all__ if name.isupper()}
