@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import msgspec
 import pytest
 
-from afterword.disk import DiskFailedError
-from afterword.store import Put, RecordStore
-from examples.jobqueue.app import create_app
-from examples.jobqueue.queue import (
-    PREFIX,
-    JobQueue,
-    KeyReused,
-    LeaseLost,
-    NotFound,
-    QueueCorrupt,
-    TooLarge,
-    job_id,
-)
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # examples/ is a top-level folder, not part of the installed package
+    sys.path.insert(0, str(ROOT))
+
+from afterword.disk import DiskFailedError  # noqa: E402
+from afterword.store import Put, RecordStore  # noqa: E402
+from examples.jobqueue.app import create_app  # noqa: E402
+from examples.jobqueue.queue import PREFIX, JobQueue, LeaseLost, QueueCorrupt, QueueError, job_id  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -40,11 +38,18 @@ async def test_enqueue_is_idempotent_per_key_and_refuses_a_reused_key(state_dir:
         job, created = await q.enqueue("order-1", b"a")
         again, created_again = await q.enqueue("order-1", b"a")
         assert created and not created_again and again == job
-        with pytest.raises(KeyReused):
+        with pytest.raises(QueueError) as reused:
             await q.enqueue("order-1", b"b")
-        with pytest.raises(TooLarge):
+        with pytest.raises(QueueError) as large:
             await q.enqueue("big", b"x" * (64 * 1024 + 1))
-        assert [j.key for j in q.list()] == ["order-1"]
+        with pytest.raises(QueueError) as bad:
+            await q.enqueue("", b"x")
+        assert (reused.value.code, large.value.code, bad.value.code) == (
+            "key_reused",
+            "too_large",
+            "invalid_request",
+        )
+        assert [j.key for j in q.list_jobs()] == ["order-1"]
     finally:
         q.close()
 
@@ -73,7 +78,7 @@ async def test_lease_ack_and_an_acked_job_never_comes_back(state_dir: str) -> No
         q.close()
     q = open_queue(state_dir, clock)
     try:
-        assert {j.key: j.state for j in q.list()} == {"a": "done", "b": "leased"}
+        assert {j.key: j.state for j in q.list_jobs()} == {"a": "done", "b": "leased"}
     finally:
         q.close()
 
@@ -92,8 +97,9 @@ async def test_an_expired_lease_is_offered_again_and_the_old_token_is_refused(st
         assert second is not None and second[0].id == first[0].id and second[0].attempts == 2
         with pytest.raises(LeaseLost):
             await q.ack(first[0].id, first[1])
-        with pytest.raises(NotFound):
+        with pytest.raises(QueueError) as missing:
             await q.ack("0" * 32, 1)
+        assert missing.value.code == "not_found"
         assert (await q.ack(second[0].id, second[1])).state == "done"
     finally:
         q.close()
@@ -118,7 +124,7 @@ async def test_nack_backs_off_then_dead_letters_after_the_last_attempt(state_dir
         assert got is not None and got[0].attempts == 3
         dead = await q.nack(got[0].id, got[1], "still broken")
         assert dead.state == "dead" and dead.payload == b"1"
-        assert [j.key for j in q.list("dead")] == ["a"]
+        assert [j.key for j in q.list_jobs("dead")] == ["a"]
     finally:
         q.close()
 
@@ -154,7 +160,7 @@ async def test_purge_forgets_done_tombstones_only(state_dir: str) -> None:
         await q.nack(b[0].id, b[1], "no")
         clock.now += 1
         assert await q.purge(clock.now) == 1
-        assert {j.key: j.state for j in q.list()} == {"b": "dead", "c": "ready"}
+        assert {j.key: j.state for j in q.list_jobs()} == {"b": "dead", "c": "ready"}
         _, created = await q.enqueue("a", b"a")
         assert created  # the key is forgotten once its tombstone is purged
     finally:
@@ -179,7 +185,7 @@ async def test_concurrent_workers_each_get_a_different_job(state_dir: str) -> No
             for _ in range(8):
                 tg.start_soon(worker)
         assert sorted(got) == sorted(job_id(f"j{i}") for i in range(20))
-        assert q.list("done") and not q.list("ready")
+        assert q.list_jobs("done") and not q.list_jobs("ready")
     finally:
         q.close()
 

@@ -23,9 +23,8 @@ if str(ROOT) not in sys.path:  # examples/ and tools/ are top-level folders, not
     sys.path.insert(0, str(ROOT))
 
 from afterword.disk import Disk  # noqa: E402
-from afterword.store import Record  # noqa: E402
 from examples.jobqueue import crash  # noqa: E402
-from examples.jobqueue.queue import JobQueue  # noqa: E402
+from examples.jobqueue.queue import Job, JobQueue  # noqa: E402
 from tools.crashsim import PROCESS, Scratch, Settings, explore  # noqa: E402
 
 WORKLOAD = "examples.jobqueue.crash:JobQueueWorkload"
@@ -92,9 +91,9 @@ def test_the_script_reaches_every_promise_within_its_first_operations() -> None:
 class ForgetfulQueue(JobQueue):
     """Broken on purpose: its index drops leased jobs, so an expired lease is never offered again."""
 
-    def _index(self, key: str, old: Record | None, new: Record | None) -> None:
-        super()._index(key, old, new)
-        self._heap = [e for e in self._heap if self._jobs[e[2]].state != "leased"]
+    def _index(self, jid: str, old: Job | None, new: Job | None) -> None:
+        if new is None or new.state != "leased":
+            super()._index(jid, old, new)
 
 
 class ForgetfulWorkload(crash.JobQueueWorkload):

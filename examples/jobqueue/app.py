@@ -12,16 +12,17 @@ Errors are ``{"error": {"code", "message"}}``.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from quart import Quart, request
 
 from afterword.errors import CallerError, StateError
 
-from .queue import Job, JobQueue, QueueCorrupt, QueueError
+from .queue import Job, JobQueue, QueueError
 
 STATUS = {"invalid_request": 400, "not_found": 404, "lease_lost": 409, "key_reused": 409, "too_large": 413}
+STATUS["state_corrupt"] = 503
 
 
 class EnqueueBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -30,7 +31,7 @@ class EnqueueBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class LeaseBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
-    lease_seconds: float = 30.0
+    lease_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
 
 
 class SettleBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -39,14 +40,11 @@ class SettleBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename
 
 
 def view(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "key": job.key,
-        "state": job.state,
-        "attempts": job.attempts,
+    payload = msgspec.json.decode(job.payload) if job.payload else None
+    return {"id": job.id, "key": job.key, "state": job.state, "attempts": job.attempts} | {
         "dueMs": job.due_ms,
         "error": job.error,
-        "payload": msgspec.json.decode(job.payload) if job.payload else None,
+        "payload": payload,
     }
 
 
@@ -77,7 +75,7 @@ def create_app(path: str, **queue_options: Any) -> Quart:
 
     @app.errorhandler(QueueError)
     async def refused(exc: QueueError) -> tuple[dict[str, Any], int]:
-        return error(exc.code, str(exc), 503 if isinstance(exc, QueueCorrupt) else STATUS[exc.code])
+        return error(exc.code, str(exc), STATUS[exc.code])
 
     @app.errorhandler(CallerError)
     @app.errorhandler(StateError)
@@ -93,10 +91,7 @@ def create_app(path: str, **queue_options: Any) -> Quart:
 
     @app.post("/leases")
     async def lease() -> Any:
-        b = await body(LeaseBody)
-        if not 0 < b.lease_seconds <= 3600:
-            return error("invalid_request", "leaseSeconds is in (0, 3600]", 400)
-        got = await held[0].lease(int(b.lease_seconds * 1000))
+        got = await held[0].lease(int((await body(LeaseBody)).lease_seconds * 1000))
         return ("", 204) if got is None else {"job": view(got[0]), "leaseToken": got[1]}
 
     @app.post("/jobs/<jid>/ack")
@@ -110,10 +105,8 @@ def create_app(path: str, **queue_options: Any) -> Quart:
 
     @app.get("/jobs")
     async def jobs() -> Any:
-        state = request.args.get("state")
-        if state not in (None, "ready", "leased", "done", "dead"):
-            return error("invalid_request", "state is ready, leased, done or dead", 400)
-        return {"items": [view(j) for j in held[0].list(state)]}  # type: ignore[arg-type]
+        state = msgspec.convert(request.args.get("state"), Literal["ready", "leased", "done", "dead"] | None)
+        return {"items": [view(j) for j in held[0].list_jobs(state)]}
 
     return app
 

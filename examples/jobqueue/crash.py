@@ -18,13 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import anyio
+import msgspec
 
 from afterword.disk import Disk
 from afterword.store import StoreOptions, open_readonly
 from afterword.wal import WalOptions
 from tools.crashsim import Journal, Workload
 
-from .queue import PREFIX, JobQueue, LeaseLost, NotFound, _decode
+from .queue import PREFIX, Job, JobQueue, QueueError
 
 MAX_ATTEMPTS, LEASE_MS, BACKOFF_MS = 2, 10_000, 1_000
 # Small unfilled segments and a small log cap: segments turn over and checkpoints run within a
@@ -181,7 +182,9 @@ class JobQueueWorkload(Workload):
                             await queue.ack(*held)
                         else:
                             await queue.nack(*held, "nack")
-                    except (LeaseLost, NotFound):
+                    except QueueError as exc:  # lease_lost, not_found
+                        if exc.code not in ("lease_lost", "not_found"):
+                            raise
                         pass  # a definite refusal: the operation took effect as nothing
 
             await journal.attempt_async(n, step, poisoned=lambda: queue.store.root.failed is not None)
@@ -213,7 +216,8 @@ class JobQueueWorkload(Workload):
         queue = self._open(state_dir, disk, [0])
         try:
             return {
-                j.id: (j.state, j.attempts, j.due_ms, j.payload, j.error) for j in queue.list(limit=10**6)
+                j.id: (j.state, j.attempts, j.due_ms, j.payload, j.error)
+                for j in queue.list_jobs(limit=10**6)
             }
         finally:
             queue.close()
@@ -222,7 +226,7 @@ class JobQueueWorkload(Workload):
         out: dict[str, str] = {}
         with open_readonly(state_dir, options=OPTIONS) as view:
             for rec in view.items(PREFIX):
-                job = _decode(rec.value)
+                job = msgspec.msgpack.decode(rec.value, type=Job)
                 out[f"enqueued/{job.id}"] = "present"
                 out[f"acked/{job.id}"] = job.state
         return out
@@ -267,7 +271,7 @@ class JobQueueWorkload(Workload):
             queue.close()
         queue = self._open(state_dir, None, later)
         try:
-            if queue.list("done") or len(queue.list()) != len(view) + 1 - len(offerable) - sum(
+            if queue.list_jobs("done") or len(queue.list_jobs()) != len(view) + 1 - len(offerable) - sum(
                 1 for v in view.values() if v[0] == "done"
             ):
                 problems.append("purge removed something other than the done tombstones")

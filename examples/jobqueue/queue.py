@@ -1,11 +1,12 @@
 """A durable at-least-once job queue on afterword's record store (public API only).
 
-One record per job under ``job/<id>``, where ``id`` is derived from the caller's idempotency
-key, so enqueueing the same key twice finds the same record. Every state change is one store
-transaction with an expected version: the lease token *is* the version the lease committed,
-so an ack or nack from a worker whose lease was taken over fails with :class:`LeaseLost`
-instead of settling someone else's attempt. Acked jobs stay as small tombstones (payload
-dropped) so a late duplicate enqueue is still recognised, until :meth:`JobQueue.purge`.
+The jobs are a ``Collection[Job]`` under ``job/``; a job's id is derived from the caller's
+idempotency key, so enqueueing the same key twice finds the same record. Every change is one
+``Collection.update`` (the job's lock held, one durable transaction). The lease token is the
+version the lease committed, and an ack or nack expects it: a worker whose lease expired and
+was taken over gets :class:`LeaseLost` instead of settling someone else's attempt. Acked jobs
+stay as small tombstones (payload dropped) so a late duplicate is still recognised, until
+:meth:`JobQueue.purge`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from collections.abc import Callable
 from typing import Literal
 
 import msgspec
+from msgspec.structs import replace
 
 from afterword.disk import Disk
-from afterword.store import Delete, Put, Record, RecordStore, StoreOptions, VersionConflict
+from afterword.store import Collection, RecordStore, StoreOptions, VersionConflict
 
 PREFIX = "job/"
 MAX_PAYLOAD = 64 * 1024  # keeps a lease (one job + up to 16 dead-letters) far below max_payload
@@ -39,41 +41,27 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     error: str = ""
 
 
-_decode = msgspec.msgpack.Decoder(Job).decode
-_encode = msgspec.msgpack.Encoder().encode
-
-
 class QueueError(Exception):
-    code = "invalid_request"
+    """A refused request; ``code`` names why (invalid_request, not_found, key_reused, too_large)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-class NotFound(QueueError):
-    code = "not_found"
+class LeaseLost(QueueError):  # the lease expired and was taken over, or the job was settled
+    def __init__(self, message: str) -> None:
+        super().__init__("lease_lost", message)
 
 
-class LeaseLost(QueueError):
-    """The lease expired and was taken over, or the job was settled meanwhile."""
-
-    code = "lease_lost"
-
-
-class KeyReused(QueueError):
-    code = "key_reused"
-
-
-class TooLarge(QueueError):
-    code = "too_large"
-
-
-class QueueCorrupt(QueueError):
-    """A stored job did not decode: the queue refuses to run on a state it cannot read."""
-
-    code = "state_corrupt"
+class QueueCorrupt(QueueError):  # a stored job does not decode: the queue refuses to run
+    def __init__(self, message: str) -> None:
+        super().__init__("state_corrupt", message)
 
 
 def job_id(key: str) -> str:
     if not key or len(key) > 200:
-        raise QueueError("an idempotency key is 1-200 characters")
+        raise QueueError("invalid_request", "an idempotency key is 1-200 characters")
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -83,13 +71,13 @@ class JobQueue:
     def __init__(self, store: RecordStore, *, clock: Clock, max_attempts: int = 5, backoff_ms: int = 1000):
         self.store, self.clock = store, clock
         self.max_attempts, self.backoff_ms = max_attempts, backoff_ms
-        self._jobs: dict[str, Job] = {}
-        self._heap: list[tuple[int, int, str, int]] = []  # (due, seq, id, version): leasable
+        self._heap: list[tuple[int, int, str]] = []  # (due, seq, id) of ready and leased jobs
         self._seq = 0
-        self._corrupt: QueueCorrupt | None = None
-        self._loading = True
-        store.watch(PREFIX, self._index)  # replays existing jobs first; a bad one raises here
-        self._loading = False
+        # Replays the stored jobs through _index now (a bad record raises here), then follows
+        # every durable commit; after a bad commit every use raises QueueCorrupt.
+        self.jobs = Collection(
+            store, PREFIX, Job, on_change=self._index, error=lambda _key, msg: QueueCorrupt(msg)
+        )
 
     @classmethod
     def open(
@@ -101,7 +89,7 @@ class JobQueue:
         clock: Clock | None = None,
         **kw: int,
     ) -> JobQueue:
-        store = RecordStore.open(path, disk=disk, options=options)
+        store = RecordStore.open(path, disk=disk, options=options)  # takes the ownership lock
         try:
             return cls(store, clock=clock or (lambda: int(time.time() * 1000)), **kw)
         except BaseException:
@@ -111,158 +99,149 @@ class JobQueue:
     def close(self) -> None:
         self.store.close()
 
-    # -- the index, kept by the store's watcher after every durable commit ----------------------
-    def _index(self, key: str, old: Record | None, new: Record | None) -> None:
-        try:
-            job = None if new is None else _decode(new.value)
-            if job is not None and PREFIX + job.id != key:
-                raise ValueError(f"holds job {job.id!r}")
-        except (msgspec.DecodeError, ValueError) as exc:
-            err = QueueCorrupt(f"job record {key!r} does not decode: {exc}")
-            if self._loading:
-                raise err from None
-            self._corrupt = self._corrupt or err  # the store's apply loop must not raise
+    def _index(self, jid: str, old: Job | None, new: Job | None) -> None:
+        if new is None:
             return
-        jid = key[len(PREFIX) :]
-        if job is None:
-            self._jobs.pop(jid, None)
-            return
-        assert new is not None
-        self._jobs[jid] = job
-        self._seq = max(self._seq, job.seq)
-        if job.state in ("ready", "leased"):
-            heapq.heappush(self._heap, (job.due_ms, job.seq, jid, new.lsn))
+        if new.id != jid:
+            raise QueueCorrupt(f"job record {jid!r} holds job {new.id!r}")
+        self._seq = max(self._seq, new.seq)
+        if new.state in ("ready", "leased"):  # a job's due only grows, so (id, due) is a version
+            heapq.heappush(self._heap, (new.due_ms, new.seq, jid))
 
-    def _check(self, write: bool = False) -> None:
-        if self._corrupt is not None:
-            raise self._corrupt
-        if write:  # after a failed write or fsync nothing is answered until a reopen
-            self.store.root.check_writable()
+    def _writable(self) -> None:
+        self.jobs.check()
+        self.store.root.check_writable()  # after a failed fsync nothing is answered until reopened
 
     def get(self, jid: str) -> Job | None:
-        self._check()
-        return self._jobs.get(jid)
+        return self.jobs.get(jid)
 
-    def list(self, state: State | None = None, limit: int = 1000) -> list[Job]:
-        self._check()
-        jobs = [j for j in self._jobs.values() if state is None or j.state == state]
+    def list_jobs(self, state: State | None = None, limit: int = 1000) -> list[Job]:
+        jobs = [j for j in self.jobs.values() if state is None or j.state == state]
         return sorted(jobs, key=lambda j: j.seq)[:limit]
 
-    # -- operations -----------------------------------------------------------------------------
     async def enqueue(self, key: str, payload: bytes) -> tuple[Job, bool]:
         """Add a job once per idempotency key; returns ``(job, created)``."""
-        self._check(write=True)
+        self._writable()
         if len(payload) > MAX_PAYLOAD:
-            raise TooLarge(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+            raise QueueError("too_large", f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
         jid, digest = job_id(key), hashlib.sha256(payload).hexdigest()
-        while True:
-            known = self._jobs.get(jid)
-            if known is not None:
-                if known.digest != digest:
-                    raise KeyReused(f"key {key!r} was enqueued with another payload")
-                return known, False
-            self._seq += 1
-            job = Job(
-                id=jid,
-                key=key,
-                digest=digest,
-                payload=payload,
-                state="ready",
-                due_ms=self.clock(),
-                seq=self._seq,
-            )
-            try:
-                await self.store.transact([Put(PREFIX + jid, _encode(job))], expect={PREFIX + jid: None})
-                return job, True
-            except VersionConflict:
-                continue  # a concurrent enqueue of the same key won; answer with its job
+        self._seq += 1
+        job = Job(
+            id=jid, key=key, digest=digest, payload=payload, state="ready", due_ms=self.clock(), seq=self._seq
+        )
+
+        def create(current: dict[str, Job | None]) -> dict[str, Job | None]:
+            known = current[jid]
+            if known is not None and known.digest != digest:
+                raise QueueError("key_reused", f"key {key!r} was enqueued with another payload")
+            return {} if known is not None else {jid: job}
+
+        stored = (await self.jobs.update([jid], create))[jid]
+        assert stored is not None
+        return stored, stored is job
 
     async def lease(self, lease_ms: int) -> tuple[Job, int] | None:
         """The next due job (a ready one, or a leased one whose lease expired) with its lease
-        token, or None. A job out of attempts is dead-lettered in the same transaction."""
+        token, or None. Jobs out of attempts met on the way are dead-lettered in the same
+        transaction (at most 16, so the transaction stays small)."""
         while True:
-            self._check(write=True)
-            now, chosen = self.clock(), None
-            dead: list[tuple[Job, int]] = []
-            popped: list[tuple[int, int, str, int]] = []
-            while self._heap and self._heap[0][0] <= now and chosen is None and len(dead) < 16:
-                entry = heapq.heappop(self._heap)
-                jid, version = entry[2], entry[3]
-                if self.store.latest_version(PREFIX + jid) != version:
-                    continue  # stale entry, or a commit to this job is in flight
-                popped.append(entry)
-                job = self._jobs[jid]
-                if job.attempts >= self.max_attempts:
-                    dead.append((job, version))
-                else:
-                    chosen = (job, version)
-            if chosen is None and not dead:
+            self._writable()
+            now = self.clock()
+            ids, popped = self._due(now)
+            if not ids:
                 return None
-            puts = [self._put(j, "dead", now, error=j.error or "lease expired") for j, _ in dead]
-            expect: dict[str, int | None] = {PREFIX + j.id: v for j, v in dead}
-            leased = None
-            if chosen is not None:
-                job, version = chosen
-                leased = msgspec.structs.replace(
-                    job, state="leased", attempts=job.attempts + 1, due_ms=now + lease_ms
-                )
-                puts.append(Put(PREFIX + job.id, _encode(leased)))
-                expect[PREFIX + job.id] = version
             try:
-                lsn = await self.store.transact(puts, expect=expect)
-            except BaseException as exc:
-                # Nothing was written (a conflict, a full disk): keep the entries; the stale
-                # one is skipped next time and the job is re-indexed by the winner's commit.
-                for entry in popped:
+                got = await self._lease(ids, now, lease_ms)
+            except BaseException:
+                for entry in popped:  # nothing was written (a full disk, say): keep them due
                     heapq.heappush(self._heap, entry)
-                if isinstance(exc, VersionConflict):
-                    continue
                 raise
-            if leased is not None:
-                return leased, lsn
+            if got is not None:
+                return got
+
+    def _due(self, now: int) -> tuple[list[str], list[tuple[int, int, str]]]:
+        """Pop due jobs up to the first one with attempts left (without an await, so two
+        workers never pick the same entry)."""
+        ids: list[str] = []
+        popped: list[tuple[int, int, str]] = []
+        while self._heap and self._heap[0][0] <= now and len(ids) <= 16:
+            entry = heapq.heappop(self._heap)
+            job = self.jobs.get(entry[2])
+            if job is None or job.state not in ("ready", "leased") or job.due_ms != entry[0]:
+                continue  # a stale entry: the job changed since
+            ids.append(job.id)
+            popped.append(entry)
+            if job.attempts < self.max_attempts:
+                break
+        return ids, popped
+
+    async def _lease(self, ids: list[str], now: int, lease_ms: int) -> tuple[Job, int] | None:
+        chosen: list[Job] = []
+
+        def decide(current: dict[str, Job | None]) -> dict[str, Job | None]:
+            out: dict[str, Job | None] = {}
+            for jid in ids:  # re-checked under the locks: another worker may have been first
+                job = current[jid]
+                if job is None or job.state not in ("ready", "leased") or job.due_ms > now:
+                    continue
+                if job.attempts >= self.max_attempts:
+                    out[jid] = replace(job, state="dead", due_ms=now, error=job.error or "lease expired")
+                elif not chosen:
+                    chosen.append(
+                        replace(job, state="leased", attempts=job.attempts + 1, due_ms=now + lease_ms)
+                    )
+                    out[jid] = chosen[0]
+            return out
+
+        await self.jobs.update(ids, decide)
+        if not chosen:
+            return None
+        # update returns right after its commit, with the job's lock just released and no
+        # await since, so the job's version now is the one this lease committed.
+        token = self.jobs.version(chosen[0].id)
+        assert token is not None
+        return chosen[0], token
 
     async def ack(self, jid: str, token: int) -> Job:
-        job = self._leased(jid, token)
-        return await self._settle(job, token, self._put(job, "done", self.clock(), payload=b""))
+        return await self._settle(
+            jid, token, lambda job, now: replace(job, state="done", due_ms=now, payload=b"")
+        )
 
     async def nack(self, jid: str, token: int, error: str = "") -> Job:
         """Give the job back: offered again after a backoff, or dead-lettered when out of attempts."""
-        job, now = self._leased(jid, token), self.clock()
-        if job.attempts >= self.max_attempts:
-            return await self._settle(job, token, self._put(job, "dead", now, error=error))
-        delay = self.backoff_ms * 2 ** (job.attempts - 1)
-        return await self._settle(job, token, self._put(job, "ready", now + delay, error=error))
+
+        def back(job: Job, now: int) -> Job:
+            if job.attempts >= self.max_attempts:
+                return replace(job, state="dead", due_ms=now, error=error)
+            return replace(
+                job, state="ready", due_ms=now + self.backoff_ms * 2 ** (job.attempts - 1), error=error
+            )
+
+        return await self._settle(jid, token, back)
+
+    async def _settle(self, jid: str, token: int, change: Callable[[Job, int], Job]) -> Job:
+        self._writable()
+        if self.jobs.get(jid) is None:
+            raise QueueError("not_found", f"no job {jid}")
+
+        def settle(current: dict[str, Job | None]) -> dict[str, Job | None]:
+            job = current[jid]
+            if job is None or job.state != "leased":
+                raise LeaseLost(f"job {jid} is no longer leased")
+            return {jid: change(job, self.clock())}
+
+        try:  # the transaction expects the version the lease committed
+            done = (await self.jobs.update([jid], settle, expect={jid: token}))[jid]
+        except VersionConflict:
+            raise LeaseLost(f"job {jid} was leased again under another token") from None
+        assert done is not None
+        return done
 
     async def purge(self, older_than_ms: int) -> int:
         """Delete done tombstones settled before ``older_than_ms`` (their keys are forgotten),
         at most 100 per transaction so no commit grows with the backlog."""
-        self._check(write=True)
-        doomed = [j.id for j in self._jobs.values() if j.state == "done" and j.due_ms < older_than_ms]
+        self._writable()
+        doomed = [j.id for j in self.jobs.values() if j.state == "done" and j.due_ms < older_than_ms]
         for at in range(0, len(doomed), 100):
-            batch = doomed[at : at + 100]
-            await self.store.transact([Delete(PREFIX + jid) for jid in batch])
+            await self.jobs.update(doomed[at : at + 100], lambda current: dict.fromkeys(current, None))
         return len(doomed)
-
-    # -- helpers --------------------------------------------------------------------------------
-    def _leased(self, jid: str, token: int) -> Job:
-        self._check(write=True)
-        job = self._jobs.get(jid)
-        if job is None:
-            raise NotFound(f"no job {jid}")
-        if job.state != "leased" or self.store.latest_version(PREFIX + jid) != token:
-            raise LeaseLost(f"job {jid} is no longer leased under this token")
-        return job
-
-    async def _settle(self, job: Job, token: int, put: Put) -> Job:
-        try:
-            await self.store.transact([put], expect={put.key: token})
-        except VersionConflict:
-            raise LeaseLost(f"job {job.id} changed while settling") from None
-        return _decode(put.value)
-
-    @staticmethod
-    def _put(job: Job, state: State, due_ms: int, *, error: str = "", payload: bytes | None = None) -> Put:
-        new = msgspec.structs.replace(
-            job, state=state, due_ms=due_ms, error=error, payload=job.payload if payload is None else payload
-        )
-        return Put(PREFIX + job.id, _encode(new))
