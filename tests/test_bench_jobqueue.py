@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,11 +17,17 @@ if str(ROOT) not in sys.path:  # examples/ is a top-level folder, not part of th
 
 from bench import jobqueue  # noqa: E402
 
+GUIDE_COMMAND = "python -m bench.jobqueue --quick --json jobqueue.json"  # docs/durability-layer.md
+
 
 @pytest.mark.timeout(120)
-def test_one_short_run_measures_every_system_at_1_and_32_workers(tmp_path: Path) -> None:
+def test_the_guides_command_measures_every_system_at_1_and_32_workers(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # run from elsewhere: bench/ is not installed
+    argv = [sys.executable, *shlex.split(GUIDE_COMMAND)[1:]]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "x best SQLite" in proc.stdout
     out = tmp_path / "jobqueue.json"
-    assert jobqueue.main(["--quick", "--seconds", "0.2", "--json", str(out), "--dir", str(tmp_path)]) == 0
     rows = {(r["system"], r["workers"]): r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {
         ("jobqueue", 1),

@@ -29,6 +29,9 @@ from tools.crashsim import PROCESS, Scratch, Settings, explore  # noqa: E402
 
 WORKLOAD = "examples.jobqueue.crash:JobQueueWorkload"
 BOUNDED = ["--budget", "80", "--fault-budget", "24"]
+GUIDE_COMMAND = (
+    f"python -m tools.crashsim run --workload {WORKLOAD} {' '.join(BOUNDED)}"  # docs/durability-layer.md
+)
 FULL = ["--exhaustive", "--all-faults", "--seeds", "0-9", "--jobs", "2"]
 
 
