@@ -121,7 +121,7 @@ async def test_nack_backs_off_then_dead_letters_after_the_last_attempt(state_dir
             clock.now = back.due_ms
         assert delays == [1000, 2000]
         got = await q.lease(60_000)
-        assert got is not None and got[0].attempts == 3
+        assert got is not None and got[0].attempts == 3 and got[0].error == "boom"
         dead = await q.nack(got[0].id, got[1], "still broken")
         assert dead.state == "dead" and dead.payload == b"1"
         assert [j.key for j in q.list_jobs("dead")] == ["a"]
@@ -150,14 +150,21 @@ async def test_a_lease_that_expires_on_the_last_attempt_is_dead_lettered_with_th
 
 async def test_purge_forgets_done_tombstones_only(state_dir: str) -> None:
     clock = Clock()
-    q = open_queue(state_dir, clock, max_attempts=1)
+    q = open_queue(state_dir, clock, max_attempts=2)
     try:
-        for key in ("a", "b", "c"):
+        for key in ("a", "b"):
             await q.enqueue(key, key.encode())
         a, b = await q.lease(1000), await q.lease(1000)
-        assert a and b
-        await q.ack(a[0].id, a[1])
-        await q.nack(b[0].id, b[1], "no")
+        assert a and b and (a[0].key, b[0].key) == ("a", "b")
+        await q.nack(a[0].id, a[1], "once")
+        clock.now += 10_000  # past a's backoff and b's lease
+        a = await q.lease(1000)
+        assert a is not None and a[0].key == "a" and a[0].error == "once"
+        assert (await q.ack(a[0].id, a[1])).error == ""  # a done job carries no stale error
+        b = await q.lease(1000)
+        assert b is not None and b[0].key == "b" and b[0].attempts == 2
+        await q.nack(b[0].id, b[1], "no")  # out of attempts: dead
+        await q.enqueue("c", b"c")
         clock.now += 1
         assert await q.purge(clock.now) == 1
         assert {j.key: j.state for j in q.list_jobs()} == {"b": "dead", "c": "ready"}
@@ -259,3 +266,28 @@ async def test_http_routes(state_dir: str) -> None:
     with RecordStore.open(state_dir) as store:
         assert len(list(store.items(PREFIX))) == 1
         assert msgspec.msgpack.decode(next(store.items(PREFIX)).value)["state"] == "done"
+
+
+async def test_http_answers_503_once_the_disk_failed(state_dir: str) -> None:
+    import errno
+
+    from afterword.disk import OsDisk
+
+    class DyingDisk(OsDisk):
+        dead = False
+
+        def fdatasync(self, fd: int) -> None:
+            if self.dead:
+                raise OSError(errno.EIO, "injected")
+            super().fdatasync(fd)
+
+    disk = DyingDisk()
+    app = create_app(state_dir, clock=Clock(), disk=disk)
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        assert (await client.post("/jobs", json={"key": "a", "payload": 1})).status_code == 201
+        disk.dead = True
+        for key in ("b", "a"):  # the failing write, then a refusal even of a repeat
+            r = await client.post("/jobs", json={"key": key, "payload": 1})
+            assert r.status_code == 503 and (await r.get_json())["error"]["code"] == "unavailable"
+        assert (await client.get("/jobs")).status_code == 200  # reads still answer

@@ -70,7 +70,7 @@ def test_the_crash_workload_runs_from_outside_the_package_with_no_violation(tmp_
 
 def test_the_script_reaches_every_promise_within_its_first_operations() -> None:
     """The skeleton exercises a repeat enqueue, a stale ack, an expired lease offered again,
-    a dead-letter by nack and one by lease, for any seed."""
+    a dead-letter by nack and one by lease, and an ack after a nack, for any seed."""
     for seed in range(5):
         workload = crash.JobQueueWorkload(seed=seed)
         jobs: dict[str, crash.MJob] = {}
@@ -84,11 +84,20 @@ def test_the_script_reaches_every_promise_within_its_first_operations() -> None:
                     seen.add("offered again")
                 if old and old.state != "dead" and job.state == "dead":
                     seen.add(f"dead by {op.kind}")
+                if old and old.error and job.state == "done":
+                    seen.add("done after a nack")
             if op.kind == "enqueue" and crash.jid(op.key) in before:
                 seen.add("repeat")
             if op.kind == "ack" and before == jobs:
                 seen.add("stale ack")
-        assert seen == {"offered again", "dead by nack", "dead by lease", "repeat", "stale ack"}, seed
+        assert seen == {
+            "offered again",
+            "dead by nack",
+            "dead by lease",
+            "repeat",
+            "stale ack",
+            "done after a nack",
+        }, seed
 
 
 class ForgetfulQueue(JobQueue):

@@ -36,7 +36,7 @@ OPTIONS = StoreOptions(
 )
 
 
-# Every promise is exercised within the first 16 operations, whatever the seed (which picks
+# Every promise is exercised within the first 17 operations, whatever the seed (which picks
 # payloads, small clock steps and what follows): (kind, lease op it refers to, clock jumps
 # past every lease first).
 SKELETON = [
@@ -56,6 +56,7 @@ SKELETON = [
     ("lease", 0, True),  # op 13's job: it was due before op 12's lease ran out
     ("nack", 14, False),  # back to ready after a backoff
     ("lease", 0, True),  # op 12's job, out of attempts, dead-lettered in the same commit
+    ("ack", 16, False),  # done after a nack: the last error goes with the payload
 ]
 
 
@@ -124,7 +125,7 @@ def observe(jobs: Mapping[str, MJob]) -> dict[str, tuple[str, int, int, bytes, s
 class JobQueueWorkload(Workload):
     name = "jobqueue"
     summary = "examples/jobqueue: enqueue, lease, ack, nack, expired leases, dead letters"
-    default_ops = 16
+    default_ops = 17
 
     def __init__(self, *, seed: int, ops: int | None = None) -> None:
         super().__init__(seed=seed, ops=ops)

@@ -204,7 +204,7 @@ class JobQueue:
 
     async def ack(self, jid: str, token: int) -> Job:
         return await self._settle(
-            jid, token, lambda job, now: replace(job, state="done", due_ms=now, payload=b"")
+            jid, token, lambda job, now: replace(job, state="done", due_ms=now, payload=b"", error="")
         )
 
     async def nack(self, jid: str, token: int, error: str = "") -> Job:
