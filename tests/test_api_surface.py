@@ -31,8 +31,9 @@ SNAPSHOT = Path(__file__).with_name("api_surface.json")
 GUIDE = ROOT / "docs" / "durability-layer.md"
 EXAMPLE = ROOT / "examples" / "jobqueue"
 PUBLIC_MODULES = ("afterword", "tools.crashsim")
-# Attributes set on an open store rather than on its class (BlobStore needs both).
-INSTANCE_ATTRIBUTES = {"afterword.store.RecordStore": ("root", "secret")}
+# Attributes set on an open store rather than on its class (BlobStore needs both), with the
+# class of each whose members the code may use (the job queue asks root.check_writable()).
+INSTANCE_ATTRIBUTES = {"afterword.store.RecordStore": {"root": "afterword.disk.StateRoot", "secret": ""}}
 
 
 def sources() -> Iterator[tuple[str, str]]:
@@ -82,8 +83,14 @@ def surface() -> dict[str, str]:
                 inherited = hasattr(BaseException, attr)  # args, with_traceback: Python's, not ours
                 if not attr.startswith("_") and hasattr(obj, attr) and not inherited:
                     out[f"{qual}.{attr}"] = describe(inspect.getattr_static(obj, attr))
-            for attr in INSTANCE_ATTRIBUTES.get(qual, ()):
-                out[f"{qual}.{attr}"] = "instance attribute"
+            for attr, kind in INSTANCE_ATTRIBUTES.get(qual, {}).items():
+                out[f"{qual}.{attr}"] = f"instance attribute {kind}".strip()
+                if kind:
+                    module_name, _, class_name = kind.rpartition(".")
+                    cls = getattr(importlib.import_module(module_name), class_name)
+                    for member in sorted(attributes):
+                        if not member.startswith("_") and hasattr(cls, member):
+                            out[f"{qual}.{attr}.{member}"] = describe(inspect.getattr_static(cls, member))
     return out
 
 
