@@ -20,6 +20,7 @@ from bench import jobqueue  # noqa: E402
 GUIDE_COMMAND = "python -m bench.jobqueue --quick --json jobqueue.json"  # docs/durability-layer.md
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_guides_command_measures_every_system_at_1_and_32_workers(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # run from elsewhere: bench/ is not installed
