@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -248,3 +249,14 @@ def test_reading_works_with_javascript_off(world: tuple[Server, dict[str, Any]],
     assert response is not None and response.status == 401
     assert "afterword continuations ui" in again.content()
     assert again.context.cookies() == []
+
+
+def test_a_missing_browser_skips_locally_but_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard the two tests above start with: they can never silently not run in CI."""
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="cannot run in CI"):
+        _browser_or_skip()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="missing"):
+        _browser_or_skip()
