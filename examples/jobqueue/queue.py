@@ -243,5 +243,5 @@ class JobQueue:
         self._writable()
         doomed = [j.id for j in self.jobs.values() if j.state == "done" and j.due_ms < older_than_ms]
         for at in range(0, len(doomed), 100):
-            await self.jobs.update(doomed[at : at + 100], lambda current: dict.fromkeys(current, None))
+            await self.jobs.update(doomed[at : at + 100], lambda cur: {i: None for i, j in cur.items() if j})
         return len(doomed)
