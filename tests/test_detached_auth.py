@@ -9,7 +9,7 @@ import pytest
 from _service import DETACHED_TOKEN, ENV, load, write_config
 
 import afterword
-import afterword.app.service as service_module
+import afterword.app.claims as claims_module
 from afterword.continuations import Unauthorized
 
 
@@ -43,6 +43,6 @@ def test_a_failure_other_than_configuration_is_not_turned_into_401(
     def broken(*args: object) -> str:
         raise RuntimeError("a bug while reading the token")
 
-    monkeypatch.setattr(service_module, "read_detached_token", broken)
+    monkeypatch.setattr(claims_module, "read_detached_token", broken)
     outcome = _outcome(tmp_path, ENV, DETACHED_TOKEN)
     assert isinstance(outcome, RuntimeError) and "a bug" in str(outcome)

@@ -233,7 +233,7 @@ async def test_every_operator_sequence_on_the_service_posts_nothing_without_the_
 def _token(h: object, cid: str) -> str:
     from afterword.continuations.capabilities import result_token
 
-    return result_token(h.service._k_result, cid)  # type: ignore[attr-defined]
+    return result_token(h.service.keys.result, cid)
 
 
 @pytest.mark.anyio
@@ -251,7 +251,7 @@ async def test_an_authorised_repost_that_fails_retryably_keeps_retrying_itself(t
     channel = LostThenBusyThenOk()
     config, env = make_config(tmp_path)
     async with running(config, env, channels={"*": channel}) as h:
-        h.worker._jitter = lambda: 0.0
+        h.worker.delivery.jitter = lambda: 0.0
         claimed = await h.producer.detached(config.base_url, "daily-attention", "task-x")
         await h.producer.submit(claimed, {"summary": "x"})
         await wait_state(h.service, claimed.id, ("delivery_unknown",))

@@ -10,23 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
+from ..continuations.model import Mode
 from ..protocol.headers import RESERVED_ENV as RESERVED_ENV
 from ..protocol.headers import RESERVED_HEADERS as RESERVED_HEADERS
-
-if TYPE_CHECKING:
-    from .service import ContinuationService
-
-
 
 __all__ = [
     "RESERVED_ENV",
     "RESERVED_HEADERS",
+    "CapabilityRegistry",
     "ClaimCapability",
+    "Finalized",
     "RunBinding",
+    "RunClaims",
+    "RunSettler",
     "strip_reserved_env",
     "strip_reserved_headers",
 ]
@@ -48,7 +48,7 @@ class ClaimCapability:
     server_name: str
     conversation_id: str
     reply_to: str | None
-    mode: str
+    mode: Mode
     fingerprint: str
     token: str = field(repr=False)
     expires_at_ms: int
@@ -66,19 +66,70 @@ class ClaimCapability:
             self.drained.set()
 
 
+class CapabilityRegistry:
+    """The claim capabilities issued and not yet expired, by capability id."""
+
+    def __init__(self) -> None:
+        self._caps: dict[str, ClaimCapability] = {}
+
+    def add(self, cap: ClaimCapability) -> None:
+        self._caps[cap.capability_id] = cap
+
+    def get(self, capability_id: str) -> ClaimCapability | None:
+        return self._caps.get(capability_id)
+
+    def forget_expired(self, now_ms: int) -> None:
+        """Closed capabilities stay until they expire, to answer lost-response repeats."""
+        for cap_id in [k for k, c in self._caps.items() if c.expires_at_ms < now_ms]:
+            del self._caps[cap_id]
+
+
+@dataclass(frozen=True)
+class RunClaims:
+    """What settling a run needs: the run, and the claims its capabilities admitted."""
+
+    run_id: str
+    conversation_id: str
+    claim_ids: tuple[str, ...]
+    history_boundary: int = 0  # from the origin snapshot, once finalize has built one
+
+
+@dataclass(frozen=True)
+class Finalized:
+    digest: str
+    history_boundary: int
+
+
+class RunSettler(Protocol):
+    """What a binding asks of the app (``afterword.app.runs.Runs`` implements it)."""
+
+    @property
+    def claim_url(self) -> str: ...
+
+    def forget_expired(self) -> None: ...
+
+    def active_claims(self, run: RunClaims) -> list[str]: ...
+
+    async def finalize_run(self, run: RunClaims, history: Sequence[Mapping[str, Any]]) -> Finalized | None: ...
+
+    async def activate_run(self, run: RunClaims) -> None: ...
+
+    async def abandon_run(self, run: RunClaims) -> None: ...
+
+
 class RunBinding:
     """The host's handle on one agent run's continuation authority (docs/design.md, Contracts: app handle)."""
 
     def __init__(
         self,
-        service: ContinuationService,
+        settler: RunSettler,
         run_id: str,
         conversation_id: str,
         reply_to: str | None,
         mode: str,
         capabilities: dict[str, ClaimCapability],
     ) -> None:
-        self._service = service
+        self._settler = settler
         self.run_id = run_id
         self.conversation_id = conversation_id
         self.reply_to = reply_to
@@ -86,6 +137,7 @@ class RunBinding:
         self._caps = capabilities
         self.closed = False
         self.settled: str | None = None  # "activated" | "abandoned"
+        self.history_boundary = 0
 
     def __repr__(self) -> str:
         return f"<RunBinding run={self.run_id!r} servers={sorted(self._caps)} closed={self.closed}>"
@@ -99,12 +151,15 @@ class RunBinding:
         """Every claim admitted under this run (active or finished), in admission order."""
         return [cid for cap in self._caps.values() for cid in cap.claim_ids]
 
+    def _claims(self) -> RunClaims:
+        return RunClaims(self.run_id, self.conversation_id, tuple(self.claim_ids), self.history_boundary)
+
     def _reserved(self, server: str, names: tuple[str, ...]) -> dict[str, str]:
         """The reserved values for ``server`` under ``names`` (empty: no authority)."""
         cap = self._caps.get(server)
         if cap is None or self.closed:
             return {}
-        values = (self._service.claim_url, cap.token, cap.fingerprint, cap.mode)
+        values = (self._settler.claim_url, cap.token, cap.fingerprint, cap.mode)
         return dict(zip(names, values, strict=True))
 
     def stdio_env(self, server: str, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -126,8 +181,8 @@ class RunBinding:
                 cap.drained.set()
         for cap in self._caps.values():
             await cap.drained.wait()
-        self._service._forget_capabilities()
-        return self._service._active_claims_of(self)
+        self._settler.forget_expired()
+        return self._settler.active_claims(self._claims())
 
     async def finalize(self, history: Sequence[Mapping[str, Any]]) -> str | None:
         """Build and bind the origin snapshot for every active claim; returns its digest, or
@@ -135,18 +190,22 @@ class RunBinding:
         host fails its turn instead of publishing success."""
         if not self.closed:
             await self.close()
-        return await self._service._finalize_run(self, history)
+        done = await self._settler.finalize_run(self._claims(), history)
+        if done is None:
+            return None
+        self.history_boundary = done.history_boundary
+        return done.digest
 
     async def activate(self) -> None:
         """The origin turn committed: publish the group activation marker."""
         if not self.closed:
             await self.close()
-        await self._service._activate_run(self)
+        await self._settler.activate_run(self._claims())
         self.settled = "activated"
 
     async def abandon(self) -> None:
         """The origin run failed or was cancelled before commit."""
         if not self.closed:
             await self.close()
-        await self._service._abandon_run(self)
+        await self._settler.abandon_run(self._claims())
         self.settled = "abandoned"

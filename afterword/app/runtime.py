@@ -1,24 +1,33 @@
-"""``open_service``: the embedded app handle with its HTTP server and worker running."""
+"""``open_service``: the embedded app handle with its HTTP server and worker running.
+
+This is the composition root: the one module of the app that reaches up, to start the HTTP
+server and the worker over the service it opens.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from ..blobs import BlobStore
 from ..config import Config, load_config
 from ..continuations.errors import ServiceDisabled
-from ..continuations.model import Continuation
+from ..history import ConversationHistory
 from ..http.server import HttpServer
 from ..legacy import open_state
 from ..payload_check import check_payload_files
 from ..store import RecordStore, StoreOptions
 from .hostruns import host_runs
+from .ports import ChangeListener
 from .service import ContinuationService, wall_clock_ms
+
+if TYPE_CHECKING:
+    from ..worker.channels import Channel
+    from ..worker.synth import Synthesizer
 
 __all__ = [
     "open_service",
@@ -28,15 +37,15 @@ __all__ = [
 async def open_service(
     config: Config | str | os.PathLike[str],
     *,
-    synthesizer: Any = None,
-    channels: Mapping[str, Any] | None = None,
-    history: Any = None,
+    synthesizer: Synthesizer | None = None,
+    channels: Mapping[str, Channel] | None = None,
+    history: ConversationHistory | None = None,
     serve_http: bool = True,
     run_worker: bool = True,
     clock_ms: Callable[[], int] = wall_clock_ms,
     environ: Mapping[str, str] | None = None,
     store_options: StoreOptions | None = None,
-    on_change: Sequence[Callable[[Continuation | None, Continuation], None]] = (),
+    on_change: Sequence[ChangeListener] = (),
 ) -> AsyncIterator[ContinuationService]:
     """Open the state directory, recover, serve HTTP and run the worker until exit.
 
@@ -74,7 +83,7 @@ async def open_service(
         await service.recover()
         await service.apply_retention()
         http = HttpServer(service)
-        service.http_server = http  # type: ignore[attr-defined]
+        service.register_server(http)  # metrics read its connection counts
         if serve_http:
             http.bind()  # outside the task group, so a busy port is a plain ServeError
         async with anyio.create_task_group() as tg:

@@ -30,13 +30,11 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily(
             "afterword_health", "0 healthy, 1 degraded, 2 unhealthy", value=SEVERITY[health.status]
         )
-        worker = getattr(svc, "worker", None)
-        depth = worker.queue_depth if worker is not None else 0
+        depth = svc.worker.queue_depth if svc.worker is not None else 0  # registered by open_service
         yield GaugeMetricFamily(
             "afterword_worker_queue_depth", "Continuations queued or in progress", value=depth
         )
-        http = getattr(svc, "http_server", None)
-        acceptor = http.acceptor if http is not None else None
+        acceptor = svc.http_server.acceptor if svc.http_server is not None else None
         if acceptor is not None:
             yield GaugeMetricFamily(
                 "afterword_http_connections", "HTTP connections being served", value=acceptor.active

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ..app.service import ContinuationService
 from ..config import Config, OutboxChannelConfig, SlackChannelConfig, WebhookChannelConfig
-from ..continuations import lifecycle
-from ..continuations.model import Continuation
+from ..history import ConversationHistory, DurableHistory
 from . import channels as ch
+from .channels import Channel
 from .loop import Worker
 from .synth import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
 
@@ -51,13 +50,13 @@ def attach_worker(
     service: ContinuationService,
     *,
     synthesizer: Synthesizer | None = None,
-    channels: Mapping[str, Any] | None = None,
-    history: Any = None,
+    channels: Mapping[str, Channel] | None = None,
+    history: ConversationHistory | None = None,
 ) -> Worker:
-    environ = service._environ
+    """A worker over ``service``, registered with it (metrics read its queue; an operator's
+    "delivered" resolution is appended to the history through it)."""
+    environ = service.environ
     if history is None:
-        from ..history import DurableHistory
-
         history = DurableHistory(service.store)
     worker = Worker(
         service,
@@ -65,16 +64,7 @@ def attach_worker(
         dict(channels) if channels is not None else channels_from_config(service.config, environ),
         history,
     )
-
-    async def after_resolved_delivered(rec: Continuation) -> Continuation:
-        # History-only commit: the operator verified the post; we never post again here.
-        recorded, code = await worker.record_history(rec)
-        now = service.clock_ms()
-        new, _ = await service.transition(rec.id, lambda r: lifecycle.with_history(r, recorded, code, now))
-        return new
-
-    service.after_resolved_delivered = after_resolved_delivered  # type: ignore[method-assign]
-    service.worker = worker  # type: ignore[attr-defined]
+    service.register_worker(worker)
     return worker
 
 
