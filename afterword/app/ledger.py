@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import anyio
 import msgspec
@@ -18,7 +17,7 @@ from ..continuations.errors import NotFound
 from ..continuations.model import Continuation, encode
 from ..continuations.trail import record_change
 from ..legacy.migrate import Fence
-from ..store import RecordStore
+from ..store import Mutation, RecordStore
 from .ports import ChangeListener
 from .repository import LIVE, Repository
 
@@ -75,7 +74,7 @@ class Ledger:
         return (len(stored.value) if stored is not None else 0) + RECORD_SLACK
 
     async def commit(
-        self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Any] = ()
+        self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Mutation] = ()
     ) -> None:
         """Commit new versions (create when old is None) in one transaction, then notify."""
         now = self.clock_ms()

@@ -37,7 +37,7 @@ from ..protocol.wire import (
     ResultRequest,
     StatusBody,
 )
-from ..store import RecordStore
+from ..store import Mutation, RecordStore
 from .binding import CapabilityRegistry, RunBinding
 from .claims import Claims, ServiceHooks
 from .health import Health
@@ -138,7 +138,7 @@ class ContinuationService:
         return self.ledger.work
 
     async def commit(
-        self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Any] = ()
+        self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Mutation] = ()
     ) -> None:
         await self.ledger.commit(pairs, extra=extra)
 
