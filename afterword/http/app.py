@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
-import msgspec
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from ..app.service import ContinuationService
-from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
+from ..continuations.errors import ContinuationError, InvalidRequest, Unauthorized
 from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
 from ..protocol import paths
@@ -21,24 +18,20 @@ from ..protocol.headers import SERVICE_NAME_HEADER
 from ..protocol.wire import (
     ClaimRequest,
     DetachedClaimRequest,
-    ErrorBody,
-    ErrorDetail,
     LivezBody,
     ResolveRequest,
     ResultRequest,
     RetryRequest,
 )
+from .messages import bearer as _bearer
+from .messages import decode_json as decode_json
+from .messages import decode_request as _decode
+from .messages import error_response, json_response, query_int
+from .messages import read_body as _body
 from .openapi import openapi_bytes
-from .strictjson import check_body
 from .ui import install_ui
 
 log = logging.getLogger("afterword.http")
-T = TypeVar("T")
-_encoder = msgspec.json.Encoder()
-_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {
-    t: msgspec.json.Decoder(t)
-    for t in (ClaimRequest, DetachedClaimRequest, ResultRequest, ResolveRequest, RetryRequest)
-}
 _HTTP_CODES = {
     400: "invalid_request",
     401: "unauthorized",
@@ -53,70 +46,6 @@ _HTTP_CODES = {
     429: "admission_limit",
     431: "too_large",
 }
-
-
-def json_response(body: object, status: int = 200) -> Response:
-    return Response(_encoder.encode(body), status=status, content_type="application/json")
-
-
-def error_response(status: int, code: str, message: str) -> Response:
-    return json_response(ErrorBody(error=ErrorDetail(code=code, message=message)), status)
-
-
-def _bearer() -> str:
-    value = request.headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("an Authorization: Bearer credential is required")
-    return token.strip()
-
-
-async def _body(limit: int) -> bytes:
-    length = request.content_length
-    if length is not None and length > limit:
-        raise TooLarge(f"request body exceeds {limit} bytes")
-    raw = await request.get_data(cache=False)
-    data = raw if isinstance(raw, bytes) else raw.encode()
-    if len(data) > limit:
-        raise TooLarge(f"request body exceeds {limit} bytes")
-    return data
-
-
-def _decode(kind: type[T], data: bytes) -> T:
-    ctype = request.headers.get("Content-Type", "")
-    if ctype.split(";")[0].strip().lower() != "application/json":
-        raise InvalidRequest("Content-Type must be application/json")
-    return decode_json(kind, data)
-
-
-def decode_json(kind: type[T], data: bytes) -> T:
-    """A request body of wire type ``kind``; any defect is :class:`InvalidRequest`."""
-    check_body(data)
-    decoder = _decoders.get(kind)
-    if decoder is None:  # a body type of another route module: built once, on first use
-        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
-    try:
-        return decoder.decode(data)  # type: ignore[no-any-return]
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid body: {exc}") from None
-    except (msgspec.DecodeError, RecursionError):
-        raise InvalidRequest("body is not valid JSON") from None
-
-
-_ASCII_DIGITS = re.compile(r"[0-9]{1,9}")
-
-
-def query_int(name: str) -> int | None:
-    """A non-negative integer query parameter written in ASCII digits only.
-
-    ``str.isdigit`` also accepts superscripts and other scripts' digits, which ``int`` then
-    either rejects (a 500) or reads as a number nobody typed."""
-    raw = request.args.get(name)
-    if raw is None:
-        return None
-    if not _ASCII_DIGITS.fullmatch(raw):
-        raise InvalidRequest(f"{name} must be a positive integer in ASCII digits")
-    return int(raw)
 
 
 def allowed_hosts(host: str, port: int) -> frozenset[str]:

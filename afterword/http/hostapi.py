@@ -19,6 +19,10 @@ from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from ..protocol import paths
 from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
 from ..protocol.wire import ResolveRequest, RetryRequest
+from .messages import bearer as _bearer
+from .messages import decode_request as _decode
+from .messages import json_response, query_int
+from .messages import read_body as _body
 
 if TYPE_CHECKING:
     from ..app.service import ContinuationService
@@ -30,8 +34,6 @@ MAX_FINALIZE_BODY = MAX_RESULT_BODY
 
 def add_host_routes(app: Quart, service: ContinuationService) -> None:
     """Register the host API on ``app`` (called by :func:`afterword.http.app.create_app`)."""
-    from .app import _bearer, _body, _decode, json_response, query_int
-
     runs = host_runs(service)
 
     def _host() -> None:
