@@ -7,6 +7,7 @@ them, so every label is pinned here against an HMAC computed in the test itself.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import hmac
 from pathlib import Path
@@ -52,3 +53,28 @@ def test_two_derived_keys_are_pinned_byte_for_byte() -> None:
 def test_the_module_lists_exactly_these_labels() -> None:
     assert sorted(p.encode() for p in keys.PURPOSES) == sorted(EXPECTED.values())
     assert len({keys.derive_key(SECRET, p) for p in keys.PURPOSES}) == len(EXPECTED)
+
+
+def _derive_calls(path: Path) -> list[tuple[int, ast.expr]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and len(node.args) >= 2:
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name == "derive_key":
+                calls.append((node.lineno, node.args[1]))
+    return calls
+
+
+def test_every_caller_names_a_label_from_the_keys_module() -> None:
+    """A label spelled out at a call site is how they drifted into several files before."""
+    spelled_out = []
+    for folder in ("afterword", "tools", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "afterword" / "store" / "keys.py":
+                continue
+            for line, arg in _derive_calls(path):
+                if isinstance(arg, ast.Constant):
+                    spelled_out.append(f"{path.relative_to(ROOT)}:{line}")
+    assert spelled_out == []
