@@ -178,7 +178,7 @@ def build_logged_store(path: str, log_mib: int, keys: int = 10_000) -> int:
     n = 0
     try:
         target = log_mib * MiB
-        while store.wal.stats.bytes_written < target:
+        while store.wal.stats.frame_bytes < target:  # the log's frames (shadows not counted)
             store.transact_sync([Put(f"cont/active/{n % keys:08d}", PAYLOAD_1K)])
             n += 1
     finally:

@@ -37,6 +37,7 @@ ALIGN = 8
 
 _SEG = struct.Struct("<8sQQQ24x")
 _FRAME = struct.Struct("<IIQQ")
+_FRAME_WITH_CHECK = struct.Struct("<IIQQQ")
 _U64 = struct.Struct("<Q")
 
 
@@ -121,3 +122,38 @@ def is_end_marker(data: bytes | memoryview, offset: int) -> bool:
     if offset + ALIGN > len(data):
         return True
     return bool(_U64.unpack_from(data, offset)[0] == 0)
+
+
+def read_run(
+    data: bytes, offset: int, salt: int, expect: int, max_payload: int, out: list[Frame]
+) -> tuple[int, int]:
+    """Append to ``out`` the frames at ``offset`` on whose lsns continue from ``expect``;
+    return where the run stopped and the next expected lsn.
+
+    The replay hot loop: one ``unpack_from`` per frame, hashing straight from a memoryview of
+    the segment (no copies besides the payload), one reused hasher. Stops exactly where
+    :func:`decode_frame_at` would reject the frame or its lsn is not the expected one.
+    """
+    view = memoryview(data)
+    unpack = _FRAME_WITH_CHECK.unpack_from
+    marker = marker_for(salt)
+    size = len(data)
+    hasher = xxhash.xxh3_64(seed=salt)
+    reset, update, digest = hasher.reset, hasher.update, hasher.intdigest
+    append = out.append
+    while offset + FRAME_HEADER_SIZE <= size:
+        found, length, lsn, batch_start, check = unpack(data, offset)
+        start = offset + FRAME_HEADER_SIZE
+        end = start + length
+        if found != marker or lsn != expect or length > max_payload or end > size:
+            break
+        reset()
+        update(view[offset : offset + 24])
+        update(view[start:end])
+        if digest() != check:
+            break
+        nxt = start + ((length + ALIGN - 1) & ~(ALIGN - 1))
+        append(Frame(offset, lsn, batch_start, data[start:end], nxt))
+        offset = nxt
+        expect += 1
+    return offset, expect

@@ -43,7 +43,8 @@ class WalStatistics:
     commits: int = 0
     batches: int = 0
     fsyncs: int = 0
-    bytes_written: int = 0
+    bytes_written: int = 0  # everything written: frames, their shadows, segment headers
+    frame_bytes: int = 0  # the log itself: bytes of the frames written
     max_batch: int = 0
     fsync_seconds_total: float = 0.0
     fsync_buckets: list[int] = field(default_factory=lambda: [0] * (len(FSYNC_BUCKETS) + 1))

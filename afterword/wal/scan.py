@@ -30,8 +30,8 @@ from .frame import (
     SegmentHeader,
     decode_frame_at,
     decode_segment_header,
-    is_end_marker,
     marker_for,
+    read_run,
 )
 from .shadow import Shadow, find_shadow
 
@@ -127,24 +127,17 @@ def scan_chain(
         offset = SEGMENT_HEADER_SIZE
         seg_first = len(frames)
         while True:
-            frame = None if is_end_marker(data, offset) else decode_frame_at(
-                data, offset, header.salt, max_payload
-            )
-            if frame is None or frame.lsn != expect:
-                if header.version < 4:
-                    break
-                shadow = find_shadow(data, header.salt, offset, expect)
-                restored = _from_shadow(shadow, frames, seg_first, expect, offset, header.salt, max_payload)
-                if shadow is None or restored is None:
-                    break
-                restores.append(Restore(image.slot, shadow.start, shadow.copy, expect, shadow.last_lsn))
-                frames.extend(restored)
-                expect = shadow.last_lsn + 1
-                offset = shadow.offset
-                continue
-            frames.append(frame)
-            expect += 1
-            offset = frame.end
+            offset, expect = read_run(data, offset, header.salt, expect, max_payload, frames)
+            if header.version < 4:
+                break
+            shadow = find_shadow(data, header.salt, offset, expect)
+            restored = _from_shadow(shadow, frames, seg_first, expect, offset, header.salt, max_payload)
+            if shadow is None or restored is None:
+                break
+            restores.append(Restore(image.slot, shadow.start, shadow.copy, expect, shadow.last_lsn))
+            frames.extend(restored)
+            expect = shadow.last_lsn + 1
+            offset = shadow.offset
         tail_slot, tail_offset, tail_header = image.slot, offset, header
         leftovers, hit_end = _our_frames_after(data, offset, header.salt, max_payload)
         if leftovers or hit_end > offset:

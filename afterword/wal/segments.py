@@ -263,6 +263,7 @@ class SegmentLog:
         shadow behind it, with the segment header in front when that is not durable yet."""
         assert seg.header is not None
         frames = b"".join(parts)
+        self.stats.frame_bytes += len(frames)
         shadow = encode_shadow(seg.header.salt, offset, first, last, frames)
         self._pwrite(seg, [*head, frames, *shadow], offset - SEGMENT_HEADER_SIZE if head else offset)
         parts.clear()
