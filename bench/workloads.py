@@ -162,12 +162,35 @@ def wal_pool_segments(seconds: float, segment_size: int) -> int:
     return 1 + math.ceil(seconds * _LOG_RATE_ESTIMATE / segment_size)
 
 
+async def _loop_lag(stop: list[bool], lags: list[float], period: float = 0.001) -> None:
+    """How late the event loop wakes a task that sleeps ``period``: its stall, sampled."""
+    clock = time.perf_counter
+    while not stop[0]:
+        before = clock()
+        await asyncio.sleep(period)
+        lags.append(max(0.0, clock() - before - period))
+
+
 def afterword_wal(
-    workdir: str, concurrency: int, seconds: float, *, disk: Disk | None = None, prewarm_pool: bool = True
+    workdir: str,
+    concurrency: int,
+    seconds: float,
+    *,
+    disk: Disk | None = None,
+    prewarm_pool: bool = True,
+    commit_mode: str | None = None,
+    no_fsync: bool = False,
+    lag: bool = False,
 ) -> Sample:
-    """``concurrency`` asyncio tasks committing 1 KiB payloads to a bare WriteAheadLog."""
+    """``concurrency`` asyncio tasks committing 1 KiB payloads to a bare WriteAheadLog.
+
+    ``lag`` also runs a task that sleeps 1 ms in a loop and records how late it wakes
+    (``extra["lag_p99_ms"]``): what the commit path costs everything else on the loop.
+    """
     root = StateRoot(os.path.join(workdir, "state"), disk or OsDisk())
-    options = WalOptions(max_log_bytes=1 << 40)
+    options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync)
+    if commit_mode is not None:
+        options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync, commit_mode=commit_mode)
     wal, _ = WriteAheadLog.open(root, start_seq=1, checkpoint_lsn=0, options=options)
     try:
         if prewarm_pool:
@@ -177,7 +200,23 @@ def afterword_wal(
         async def commit(task: int, i: int) -> int:
             return await wal.commit(PAYLOAD_1K)
 
-        sample = asyncio.run(_drive(commit, concurrency, seconds))
+        lags: list[float] = []
+
+        async def measured() -> Sample:
+            stop = [False]
+            ticker = asyncio.create_task(_loop_lag(stop, lags)) if lag else None
+            try:
+                return await _drive(commit, concurrency, seconds)
+            finally:
+                stop[0] = True
+                if ticker is not None:
+                    await ticker
+
+        sample = asyncio.run(measured())
+        if lags:
+            lags.sort()
+            sample.extra["lag_p99_ms"] = lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1000
+            sample.extra["lag_p50_ms"] = lags[len(lags) // 2] * 1000
         sample.extra["batches"] = float(wal.stats.batches)
         sample.extra["fsyncs"] = float(wal.stats.fsyncs)
         return sample

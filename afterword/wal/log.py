@@ -16,6 +16,7 @@ import anyio
 import anyio.lowlevel
 
 from ..disk import StateRoot, StorageFullError
+from .committer import Committer
 from .frame import SEGMENT_HEADER_SIZE, Frame
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
 from .recovery import RecoveringLog
@@ -44,6 +45,7 @@ class WriteAheadLog(RecoveringLog):
         # Called (in the event loop) when a group write ran out of space before writing
         # anything: every lsn from the argument on is void and will be assigned again.
         self.on_rollback: Callable[[int], None] | None = None
+        self._committer = Committer(self.write_batch, options.commit_mode, options.inline_commit_max_s)
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod
@@ -138,7 +140,7 @@ class WriteAheadLog(RecoveringLog):
                     # reach write_batch even if the leader is cancelled; dropping them would
                     # leave a hole that makes every later frame look like lost data.
                     with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self.write_batch, items)
+                        await self._committer.write(items)
                 except BaseException as exc:
                     current.error = exc
                     if isinstance(exc, StorageFullError) and self.root.failed is None:
@@ -196,6 +198,10 @@ class WriteAheadLog(RecoveringLog):
         self._tail = None
         self._tail_offset = SEGMENT_HEADER_SIZE
         return self._next_seq, self.next_lsn - 1
+
+    def close(self) -> None:
+        self._committer.close()
+        super().close()
 
     def __repr__(self) -> str:
         return (

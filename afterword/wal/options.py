@@ -28,8 +28,16 @@ class WalOptions:
     max_log_bytes: int = 64 * MiB
     zero_fill: bool = True
     unsafe_no_fsync: bool = False
+    # How the group-commit leader gets a batch written (``committer.py``): "thread" (the
+    # generic thread pool), "writer" (a dedicated log-writer thread) or "adaptive" (the
+    # writer, plus inline writing of a lone commit while write+fdatasync stays under
+    # ``inline_commit_max_s``, which bounds the event loop's stall).
+    commit_mode: str = "writer"
+    inline_commit_max_s: float = 0.0005
 
     def __post_init__(self) -> None:
+        if self.commit_mode not in ("thread", "writer", "adaptive"):
+            raise ValueError("commit_mode must be 'thread', 'writer' or 'adaptive'")
         if self.segment_size < SEGMENT_HEADER_SIZE + 2 * frame_size(self.max_payload) + SHADOW_OVERHEAD:
             # Every write carries a shadow copy of itself (``shadow.py``), so that damage to
             # the last write is repaired from the copy instead of being cut as a torn write.

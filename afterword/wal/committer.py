@@ -1,0 +1,144 @@
+"""How the group-commit leader gets a batch written without stalling the event loop.
+
+Three ways, chosen by ``WalOptions.commit_mode`` (``docs/performance.md`` has the figures):
+
+``thread``
+    ``anyio.to_thread.run_sync`` per batch: the generic worker pool (two cross-thread
+    wake-ups and the pool's bookkeeping per batch).
+``writer``
+    One dedicated log-writer thread fed through a deque: the leader appends the batch and
+    sets an event only if the writer sleeps; the writer spins briefly for the next batch
+    before it sleeps, and hands the result back with one ``call_soon_threadsafe``.
+``adaptive``
+    ``writer``, except that a batch of one transaction is written inline, on the event loop
+    itself, while the recent ``write+fdatasync`` time stays under
+    ``inline_commit_max_s``: then the loop stalls for less than that bound, and the
+    committer saves both hand-offs. A slow disk turns inline writing off by itself.
+
+Whichever way, ``write_batch`` runs exactly once per batch and its error reaches the
+waiters; a failed fdatasync is never retried (the root is poisoned by ``write_batch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import anyio
+
+Items = Sequence[tuple[int, bytes]]
+
+SPIN_SECONDS = 0.0002  # how long the writer looks for the next batch before it sleeps
+_EWMA = 0.2  # weight of the newest write time in the running estimate
+
+
+class LogWriter:
+    """A dedicated thread that runs ``write(items)`` for batches handed to it in order."""
+
+    def __init__(self, write: Callable[[Items], None], name: str = "afterword-wal-writer") -> None:
+        self._write = write
+        self._jobs: deque[tuple[Items, asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._wake = threading.Event()
+        self._idle = False
+        self._closed = False
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    async def run(self, items: Items) -> None:
+        """Write ``items`` in the writer thread and return (or raise) when that is done."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._jobs.append((items, loop, done))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+        elif self._idle:
+            self._wake.set()
+        await done
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        jobs, clock = self._jobs, time.perf_counter
+        while True:
+            if not jobs:
+                deadline = clock() + SPIN_SECONDS
+                while not jobs and clock() < deadline:
+                    time.sleep(0)  # let the event loop thread have the GIL meanwhile
+                if not jobs:
+                    self._idle = True
+                    self._wake.clear()
+                    if not jobs and not self._closed:  # re-checked after clear(): no lost wake-up
+                        self._wake.wait()
+                    self._idle = False
+                    if self._closed and not jobs:
+                        return
+                    continue
+            items, loop, done = jobs.popleft()
+            error: BaseException | None = None
+            try:
+                self._write(items)
+            except BaseException as exc:  # handed to the waiting leader, never swallowed
+                error = exc
+            try:
+                loop.call_soon_threadsafe(_settle, done, error)
+            except RuntimeError:
+                pass  # the loop is gone: nobody waits any more
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False  # another anyio backend: the generic thread pool serves it
+    return True
+
+
+def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+
+
+class Committer:
+    """Runs the leader's ``write(items)`` in the configured way (see the module doc)."""
+
+    def __init__(self, write: Callable[[Items], None], mode: str, inline_max_s: float) -> None:
+        self._write = write
+        self.mode = mode
+        self.inline_max_s = inline_max_s
+        self.recent_write_s = 0.0  # running estimate of one write+fdatasync, seconds
+        self.inline_batches = 0
+        self._writer = LogWriter(self._timed) if mode in ("writer", "adaptive") else None
+
+    def _timed(self, items: Items) -> None:
+        began = time.perf_counter()
+        try:
+            self._write(items)
+        finally:
+            elapsed = time.perf_counter() - began
+            self.recent_write_s += _EWMA * (elapsed - self.recent_write_s)
+
+    async def write(self, items: Items) -> None:
+        if self.mode == "adaptive" and len(items) == 1 and self.recent_write_s <= self.inline_max_s:
+            self.inline_batches += 1
+            self._timed(items)  # on the loop: it stalls for about recent_write_s
+            return
+        if self._writer is not None and _on_asyncio():
+            await self._writer.run(items)
+            return
+        await anyio.to_thread.run_sync(self._timed, items)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
