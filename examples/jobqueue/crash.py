@@ -31,7 +31,7 @@ MAX_ATTEMPTS, LEASE_MS, BACKOFF_MS = 2, 10_000, 1_000
 # Small unfilled segments and a small log cap: segments turn over and checkpoints run within a
 # short script. One checkpoint thread keeps the recorded disk log the same on every run.
 OPTIONS = StoreOptions(
-    wal=WalOptions(segment_size=2304, max_payload=1024, max_log_bytes=4608, zero_fill=False),
+    wal=WalOptions(segment_size=2304, max_payload=1024, max_log_bytes=4608, zero_fill=False, commit_mode="thread"),
     checkpoint_threads=1,
 )
 

@@ -76,7 +76,9 @@ CHUNK_CHARS = 80  # the fake channel's limit: the interactive answer takes two p
 # creation under a chunk post (seed 1, 'truncate#2:ENOSPC:once'), where the worker records a
 # refused write as delivery_error while this model expects delivery_interrupted.
 OPTIONS = StoreOptions(
-    wal=WalOptions(segment_size=32 * 1024, max_payload=4096, max_log_bytes=1 << 20, zero_fill=False),
+    wal=WalOptions(  # "thread": reproducible recordings (see store_workloads.small_options)
+        segment_size=32 * 1024, max_payload=4096, max_log_bytes=1 << 20, zero_fill=False, commit_mode="thread"
+    ),
     checkpoint_threads=1,
 )
 
