@@ -31,7 +31,7 @@ DEPRECATED = {
     "afterword.service": ("afterword.app.service", ["ContinuationService", "Resolution", "wall_clock_ms"]),
     "afterword.repository": ("afterword.app.repository", ["Repository", "IndexCorrupt", "LIVE", "TOMB"]),
     "afterword.runtime": ("afterword.app.runtime", ["open_service"]),
-    "afterword.host": ("afterword.app.binding", ["RunBinding", "ClaimCapability", "RESERVED_ENV"]),
+    "afterword.host": ("afterword.app.binding", ["RunBinding", "IssuedCapability", "RESERVED_ENV"]),
     "afterword.host.binding": ("afterword.app.binding", ["RunBinding", "RESERVED_HEADERS", "strip_reserved_env"]),
 }
 # Public entry points named in docs/design.md: stable aliases, no warning.
@@ -103,3 +103,17 @@ def test_no_module_in_the_package_imports_a_moved_path() -> None:
             if match.group(1) in old_paths:
                 offenders.append(f"{path.relative_to(root)}: {match.group(1)}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("old", ["afterword.host", "afterword.host.binding"])
+def test_the_issued_capability_keeps_its_old_name_at_the_old_path(old: str) -> None:
+    # The service's record was ClaimCapability, like the producer's public class; only the old
+    # module paths keep that name for it.
+    from afterword.app.binding import IssuedCapability
+    from afterword.producer import ClaimCapability
+
+    with pytest.warns(DeprecationWarning):
+        shim = _fresh_import(old)
+    assert shim.ClaimCapability is IssuedCapability
+    assert IssuedCapability is not ClaimCapability
+

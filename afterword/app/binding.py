@@ -22,8 +22,8 @@ __all__ = [
     "RESERVED_ENV",
     "RESERVED_HEADERS",
     "CapabilityRegistry",
-    "ClaimCapability",
     "Finalized",
+    "IssuedCapability",
     "RunBinding",
     "RunClaims",
     "RunSettler",
@@ -40,8 +40,9 @@ def strip_reserved_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 
 
 @dataclass
-class ClaimCapability:
-    """One server's claim authority for one run. ``token`` is never logged."""
+class IssuedCapability:
+    """One server's claim authority for one run, as the service issued it. ``token`` is never
+    logged. (What the tool server holds is :class:`afterword.producer.ClaimCapability`.)"""
 
     capability_id: str
     run_id: str
@@ -70,12 +71,12 @@ class CapabilityRegistry:
     """The claim capabilities issued and not yet expired, by capability id."""
 
     def __init__(self) -> None:
-        self._caps: dict[str, ClaimCapability] = {}
+        self._caps: dict[str, IssuedCapability] = {}
 
-    def add(self, cap: ClaimCapability) -> None:
+    def add(self, cap: IssuedCapability) -> None:
         self._caps[cap.capability_id] = cap
 
-    def get(self, capability_id: str) -> ClaimCapability | None:
+    def get(self, capability_id: str) -> IssuedCapability | None:
         return self._caps.get(capability_id)
 
     def forget_expired(self, now_ms: int) -> None:
@@ -127,7 +128,7 @@ class RunBinding:
         conversation_id: str,
         reply_to: str | None,
         mode: str,
-        capabilities: dict[str, ClaimCapability],
+        capabilities: dict[str, IssuedCapability],
     ) -> None:
         self._settler = settler
         self.run_id = run_id

@@ -21,7 +21,7 @@ from ..continuations.rules import (
     parse_deadline_format,
 )
 from ..protocol.wire import ClaimRequest, ClaimResponse, DetachedClaimRequest
-from .binding import CapabilityRegistry, ClaimCapability
+from .binding import CapabilityRegistry, IssuedCapability
 from .keys import ServiceKeys, ServiceUrls
 from .ledger import Ledger
 from .repository import origin_key
@@ -165,7 +165,7 @@ class Claims:
         finally:
             cap.leave()
 
-    def repeat_after_close(self, cap: ClaimCapability, req: ClaimRequest) -> ClaimResponse:
+    def repeat_after_close(self, cap: IssuedCapability, req: ClaimRequest) -> ClaimResponse:
         """A closed capability still answers an identical repeat of a claim it admitted (the
         producer may have lost the first response); anything new is refused."""
         cid = continuation_id(self.keys.ids, "interactive", cap.server_name, req.task_key)

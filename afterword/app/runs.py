@@ -25,7 +25,7 @@ from ..continuations.errors import Conflict, InvalidRequest
 from ..continuations.model import MODES, Activation, Continuation, Mode, canonical_claim
 from ..continuations.snapshot import build_snapshot, encode_snapshot
 from ..store import VersionConflict
-from .binding import CapabilityRegistry, ClaimCapability, Finalized, RunBinding, RunClaims
+from .binding import CapabilityRegistry, Finalized, IssuedCapability, RunBinding, RunClaims
 from .keys import ServiceKeys, ServiceUrls
 from .ledger import SETTLE_BATCH, Ledger
 from .repository import bounded_batches
@@ -72,11 +72,11 @@ class Runs:
         checked: Mode = mode
         if checked in ("reply", "notify_if_actionable") and not reply_to:
             raise InvalidRequest(f"mode {mode} needs the physical reply route")
-        caps: dict[str, ClaimCapability] = {}
+        caps: dict[str, IssuedCapability] = {}
         now = self.ledger.clock_ms()
         for server in self.config.continuation_servers:
             cap_id = base64.urlsafe_b64encode(self.token_bytes(18)).decode().rstrip("=")
-            cap = ClaimCapability(
+            cap = IssuedCapability(
                 capability_id=cap_id,
                 run_id=run_id,
                 server_name=server,

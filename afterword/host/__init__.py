@@ -8,6 +8,12 @@ import warnings
 
 from ..app.binding import *  # noqa: F403
 
+# The service's record of an issued capability was called ClaimCapability here, the same name
+# as the producer's public class; it is IssuedCapability now.
+from ..app.binding import IssuedCapability
+
+ClaimCapability = IssuedCapability
+
 warnings.warn(
     "afterword.host moved to afterword.app.binding; import it from there (afterword.host goes away in the next release)",
     DeprecationWarning,
