@@ -186,6 +186,32 @@ def test_pagination_250_records(tmp_path: Path, hook: FakeWebhook) -> None:
         big = run_cli("continuations", "list", "--limit", "101", config=config)
         assert big.returncode == 1 and "page size" in big.stderr
 
+        # filters and order: the printed next command keeps them
+        done = run_cli(
+            "continuations",
+            "list",
+            "--limit",
+            "100",
+            "--route",
+            "quiet",
+            "--state",
+            "claimed",
+            "--newest",
+            config=config,
+        )
+        assert done.returncode == 0, done.stderr
+        command = done.stdout.strip().splitlines()[-1].strip()
+        assert "--route quiet" in command and "--state claimed" in command and "--newest" in command
+        rows = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("c_")]
+        rows += [
+            line.split()[0] for line in run_printed(command).stdout.splitlines() if line.startswith("c_")
+        ]
+        assert rows == list(reversed(seen))[: len(rows)] and len(rows) == 200
+        none = run_cli("continuations", "list", "--json", "--server", "nobody", config=config)
+        assert json.loads(none.stdout) == {"items": [], "nextCursor": None}
+        bad_state = run_cli("continuations", "list", "--state", "nonsense", config=config)
+        assert bad_state.returncode == 1 and "state must be one of" in bad_state.stderr
+
 
 def cursor_forged() -> str:
     import base64

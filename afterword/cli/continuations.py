@@ -59,6 +59,11 @@ def _next_command(args: argparse.Namespace, cursor: str) -> str:
         parts += ["--config", args.config]
     if args.limit is not None:
         parts += ["--limit", str(args.limit)]
+    for name in ("state", "server", "route"):
+        if getattr(args, name) is not None:
+            parts += [f"--{name}", getattr(args, name)]
+    if args.newest:
+        parts.append("--newest")
     parts += ["--cursor", cursor]
     return shlex.join(parts)
 
@@ -66,7 +71,14 @@ def _next_command(args: argparse.Namespace, cursor: str) -> str:
 def cmd_list(args: argparse.Namespace) -> int:
     _, client = operator_client(args)
     try:
-        page = client.list(limit=args.limit, cursor=args.cursor)
+        page = client.list(
+            limit=args.limit,
+            cursor=args.cursor,
+            state=args.state,
+            server=args.server,
+            route=args.route,
+            newest=args.newest,
+        )
     finally:
         client.close()
     if args.json:
@@ -226,6 +238,12 @@ def add_continuations_parser(sub: Any) -> None:
     ls.add_argument(
         "--cursor", metavar="CURSOR", help="continue after the previous page (printed when more remain)"
     )
+    ls.add_argument(
+        "--state", metavar="STATE", help="only continuations in this state (e.g. delivery_unknown)"
+    )
+    ls.add_argument("--server", metavar="NAME", help="only continuations claimed by this server")
+    ls.add_argument("--route", metavar="ROUTE", help="only continuations on this named route")
+    ls.add_argument("--newest", action="store_true", help="newest first (the default is oldest first)")
     ls.set_defaults(func=cmd_list)
 
     sh = csub.add_parser(

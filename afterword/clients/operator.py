@@ -96,12 +96,26 @@ class OperatorClient:
     def health(self) -> HealthBody:
         return msgspec.json.decode(self._call("GET", paths.HEALTH), type=HealthBody)
 
-    def list(self, limit: int | None = None, cursor: str | None = None) -> ListResponse:
+    def list(
+        self,
+        limit: int | None = None,
+        cursor: str | None = None,
+        *,
+        state: str | None = None,
+        server: str | None = None,
+        route: str | None = None,
+        newest: bool = False,
+    ) -> ListResponse:
         params: dict[str, Any] = {}
         if limit is not None:
             params["limit"] = str(limit)
         if cursor is not None:
             params["cursor"] = cursor
+        for name, value in (("state", state), ("server", server), ("route", route)):
+            if value is not None:
+                params[name] = value
+        if newest:
+            params["order"] = "newest"
         data = self._call("GET", paths.LIST, params=params)
         return msgspec.json.decode(data, type=ListResponse)
 
