@@ -69,7 +69,8 @@ class Operator:
         self.repo = ledger.repo
         self.cursor_key = cursor_key
         # Appends an operator-confirmed delivery to the conversation history; registered by
-        # whoever owns the history (the worker). Without one, the receipt says nothing was recorded.
+        # whoever owns the history (the worker, through ContinuationService.register_worker).
+        # Without one (a service no worker runs for) the bare verdict is all that is stored.
         self.recorder: HistoryRecorder | None = None
 
     def list_continuations(
