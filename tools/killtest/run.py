@@ -302,12 +302,13 @@ def _plant(kind: str, root: Path, cid: str) -> None:
         (state / "records" / "stray.rec").write_bytes(b"not a record")
         os.chmod(state / "records" / "stray.rec", 0o600)
         return
+    from afterword.app.repository import LIVE
     from afterword.store import RecordStore
 
     # The claim may still live only in the log: checkpoint so it has a record file to lose.
     with RecordStore.open(str(state)) as store:
         store.checkpoint_sync()
-    (state / "records" / (("c/" + cid).encode().hex() + ".rec")).unlink()
+    (state / "records" / ((LIVE + cid).encode().hex() + ".rec")).unlink()
 
 
 def _read_outbox(root: Path) -> Outbox:
