@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from afterword.disk import OsDisk, StorageFullError, safe
+from afterword.disk import root as disk_root
 from afterword.store import Put, RecordStore, StoreOptions, open_readonly
 from afterword.wal import WalOptions
 
@@ -162,7 +163,7 @@ async def test_service_answers_503_storage_full_with_retry_after_and_health_says
     from afterword.http.metrics import ServiceCollector
 
     disk = FullDisk()
-    monkeypatch.setattr(safe, "OsDisk", lambda: disk)  # the service's store opens on this disk
+    monkeypatch.setattr(disk_root, "OsDisk", lambda: disk)  # the service's store opens on this disk
     config, env = make_config(tmp_path)
     async with running(config, env, run_worker=False) as h:
         await h.service.store.checkpoint()  # the next write starts a new segment life
@@ -200,7 +201,7 @@ async def test_a_failed_fsync_is_503_disk_failed_without_retry_after(
     from fakes.harness import make_config, running
 
     disk = FullDisk()
-    monkeypatch.setattr(safe, "OsDisk", lambda: disk)
+    monkeypatch.setattr(disk_root, "OsDisk", lambda: disk)
     config, env = make_config(tmp_path)
     async with running(config, env, run_worker=False) as h:
         disk.eio = True

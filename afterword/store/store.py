@@ -18,116 +18,51 @@ newer than the record's, so replaying a transaction twice equals replaying it on
 from __future__ import annotations
 
 import logging
-import secrets as _secrets
-import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
-import msgspec
 
-from ..disk import Disk, StateRoot, UnsafeStateError, storage_errno
-from ..wal import NamedSegment, WalOptions, WriteAheadLog
-from ..wal.frame import SEGMENT_MAGIC
-from ..wal.reader import read_segment_images
-from .codec import (
-    FORMAT,
-    Manifest,
-    Op,
-    RecordImage,
-    SegmentRef,
-    check_key,
-    decode_tx,
-    encode_manifest,
-    encode_record,
-    encode_tx,
-    record_file_name,
-)
-from .errors import RecordTooLarge, StoreClosedError, StoreCorruptError, VersionConflict
-from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
-from .loading import (
-    MANIFEST,
-    RECORDS,
-    SECRET,
-    SECRET_BYTES,
-    WAL_DIR,
-    load_record_files,
-    read_manifest,
-    read_secret,
-    record_names,
-)
+from ..disk import Disk, StateRoot, storage_errno
+from ..wal import WriteAheadLog
+from .checkpoint import write_record_files
+from .codec import FORMAT, Manifest, Op
+from .errors import StoreClosedError
+from .evidence import Digest
 from .lock import OwnershipLock
+from .manifest import ManifestKeeper
+from .memory import CommittedState
+from .recovery import recover
+from .transactions import build_transaction
+from .types import (
+    MAX_RECORD_BYTES,
+    Delete,
+    Mutation,
+    Put,
+    Record,
+    StoreOptions,
+    StoreStatistics,
+    TransactionInfo,
+    Watcher,
+)
+
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "Delete",
+    "Mutation",
+    "PendingCommit",
+    "Put",
+    "Record",
+    "RecordStore",
+    "StoreOptions",
+    "StoreStatistics",
+    "TransactionInfo",
+    "Watcher",
+]
 
 log = logging.getLogger("afterword.store")
-MAX_RECORD_BYTES = 2 * 1024 * 1024
-
-Record = RecordImage
-"""A committed record: ``key``, ``lsn`` (its version), ``value`` bytes, ``blobs`` it references."""
-
-Watcher = Callable[[str, Record | None, Record | None], None]
-
-
-@dataclass(frozen=True)
-class Put:
-    key: str
-    value: bytes
-    blobs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Delete:
-    key: str
-
-
-Mutation = Put | Delete
-
-
-@dataclass(frozen=True)
-class TransactionInfo:
-    """What :attr:`StoreOptions.observe_transaction` is told about one transaction."""
-
-    ops: tuple[Op, ...]  # the after-images: key, value (None: a delete), blobs referenced
-    payload_bytes: int  # the encoded transaction: what the WAL frames (``max_payload`` bounds it)
-
-    @property
-    def largest_value(self) -> int:
-        """The largest record value put (``max_record_bytes`` bounds it)."""
-        return max((len(op.value) for op in self.ops if op.value is not None), default=0)
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """``observe_transaction`` is a test hook (never set in production): it is called with
-    every transaction the store is asked to commit, before the store checks its limits and
-    before anything is written (after the version checks, so a transaction it sees is one
-    the store would write unless it is too large). An exception it raises refuses the
-    transaction (nothing is written, the caller gets the exception), which lets a test cut a
-    service at any commit point, follow every record it writes, and check that no
-    transaction exceeds the limits."""
-
-    wal: WalOptions = field(default_factory=WalOptions)
-    max_record_bytes: int = MAX_RECORD_BYTES
-    checkpoint_threads: int = 8
-    auto_checkpoint: bool = True
-    observe_transaction: Callable[[TransactionInfo], None] | None = None
-
-
-@dataclass
-class StoreStatistics:
-    records: int
-    dirty: int
-    next_lsn: int
-    checkpoints: int
-    last_checkpoint_seconds: float
-    recovery_seconds: float
-    replayed_transactions: int
-    wal_commits: int
-    wal_fsyncs: int
-    wal_bytes: int
 
 
 class PendingCommit:
@@ -154,20 +89,15 @@ class RecordStore:
         self.root: StateRoot
         self.options: StoreOptions
         self.secret: bytes
-        self.manifest: Manifest
+        self._manifests: ManifestKeeper
         self._lock: OwnershipLock | None = None
         self._wal: WriteAheadLog
-        self._records: dict[str, Record] = {}
-        self._dirty: set[str] = set()
+        self._state = CommittedState()
         self._inflight: dict[str, tuple[int, bool]] = {}  # key -> (lsn, exists) not yet durable
         self._unapplied: deque[tuple[int, tuple[Op, ...]]] = deque()
         self._durable_lsn = 0
-        self._blob_refs: Counter[str] = Counter()
-        self._watchers: list[tuple[str, Watcher]] = []
         self._closed = False
         self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
-        self._manifest_lock = threading.Lock()  # MANIFEST writers: checkpoint, new segment, meta
-        self._digest = Digest()  # of the records in memory, kept by _apply
         self._checkpoint_digest = Digest()
         self._gate = anyio.Lock()  # held only while a checkpoint drains the log and rolls it
         self._checkpoints = 0
@@ -187,7 +117,16 @@ class RecordStore:
         self.root = StateRoot(path, disk)
         self._lock = OwnershipLock.acquire(self.root)
         try:
-            self._recover()
+            opened = recover(self.root, self.options, self._state)
+            self._manifests, self._wal = opened.manifests, opened.wal
+            self.secret = self._manifests.secret
+            self.replayed = opened.replayed
+            self._durable_lsn = self._wal.next_lsn - 1
+            self._wal.on_segment_start = self._manifests.name_new_segment
+            self._wal.on_rollback = self._void_from
+            if self.manifest.format != FORMAT:
+                log.warning("store: upgrading %s from %s to %s", self.root.root, self.manifest.format, FORMAT)
+                self.checkpoint_sync()
         except BaseException:
             if hasattr(self, "_wal"):
                 self._wal.close()
@@ -196,93 +135,14 @@ class RecordStore:
         self.recovery_seconds = time.perf_counter() - began
         return self
 
-    def _recover(self) -> None:
-        root = self.root
-        root.remove_temporaries("")
-        manifest = read_manifest(root)
-        secret = read_secret(root)
-        if manifest is None:
-            if root.exists(RECORDS) and root.listdir(RECORDS):
-                raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
-            if any(img.data[:8] == SEGMENT_MAGIC for img in read_segment_images(root, WAL_DIR)):
-                # The first open writes MANIFEST before the log's first segment.
-                raise EvidenceError(root.path(MANIFEST), "manifest_missing", "the log holds segments")
-            if secret is None:
-                root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
-                secret = read_secret(root)
-            assert secret is not None
-            self.secret = secret
-            self.manifest = Manifest(
-                generation=self._generation(0),
-                checkpoint_lsn=0,
-                wal_start_seq=1,
-                record_count=0,
-                record_digest=Digest().text(),
-                secret_check=secret_check(secret),
-            )
-            root.ensure_dir(RECORDS)
-            root.write_atomic(MANIFEST, encode_manifest(self.manifest))
-        else:
-            # The secret was durable before the first MANIFEST: state without it is damage.
-            check_secret(root.path(SECRET), secret, manifest.secret_check)
-            assert secret is not None
-            self.secret, self.manifest = secret, manifest
-        if not root.exists(RECORDS):
-            raise UnsafeStateError(root.path(RECORDS), "missing")
-        self._load_records()
-        self._digest = Digest.of((key, rec.lsn) for key, rec in self._records.items())
-        check = ReplayCheck(
-            records_path=root.path(RECORDS),
-            checkpoint_lsn=self.manifest.checkpoint_lsn,
-            digest=self.manifest.record_digest,
-            count=self.manifest.record_count,
-            loaded={key: rec.lsn for key, rec in self._records.items()},
-        )
-        self._wal, frames = WriteAheadLog.open(
-            root,
-            rel_dir=WAL_DIR,
-            start_seq=self.manifest.wal_start_seq,
-            checkpoint_lsn=self.manifest.checkpoint_lsn,
-            options=self.options.wal,
-            named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn, r.size) for r in self.manifest.segments],
-            acked_lsn=self.manifest.acked_lsn,
-            before_free=self._forget_segments,
-        )
-        for frame in frames:
-            ops = decode_tx(frame.payload).ops
-            for op in ops:
-                check.op(frame.lsn, op.key, op.value is not None, op.prior)
-            self._apply(frame.lsn, ops)
-        check.finish(self._digest)
-        self.replayed = len(frames)
-        self._durable_lsn = self._wal.next_lsn - 1
-        self._wal.on_segment_start = self._name_new_segment
-        self._wal.on_rollback = self._void_from
-        if self.manifest.format != FORMAT:
-            log.warning("store: upgrading %s from %s to %s", root.root, self.manifest.format, FORMAT)
-            self.checkpoint_sync()
+    # -- MANIFEST and the log's callbacks -------------------------------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        """The MANIFEST as last written."""
+        return self._manifests.current
 
-    # -- MANIFEST ----------------------------------------------------------------------------
     def _write_manifest(self, **changes: Any) -> None:
-        """Write a MANIFEST with ``changes`` over the current one (any thread)."""
-        with self._manifest_lock:
-            base = self.manifest
-            fields: dict[str, Any] = {
-                "format": FORMAT,
-                "acked_lsn": max(base.acked_lsn, self._wal.durable_lsn) if hasattr(self, "_wal") else base.acked_lsn,
-                "secret_check": secret_check(self.secret),
-            }
-            fields.update(changes)
-            start = fields.get("wal_start_seq", base.wal_start_seq)
-            if "segments" not in changes and hasattr(self, "_wal"):
-                fields["segments"] = tuple(
-                    SegmentRef(slot=r.slot, seq=r.seq, salt=f"{r.salt:016x}", first_lsn=r.first_lsn, size=r.size)
-                    for r in self._wal.live_segments(start)
-                )
-            fields["generation"] = self._generation(fields.get("checkpoint_lsn", base.checkpoint_lsn))
-            manifest = msgspec.structs.replace(base, **fields)
-            self.root.write_atomic(MANIFEST, encode_manifest(manifest))
-            self.manifest = manifest
+        self._manifests.write(**changes)
 
     def _void_from(self, first_lsn: int) -> None:
         # The log refused a batch before writing it (no space): forget the transactions
@@ -306,59 +166,29 @@ class RecordStore:
             return "storage_full", str(self.root.full)
         return None
 
-    def _name_new_segment(self) -> None:
-        # In the WAL's writing thread: the new life's header is durable; name it before any
-        # frame is written into it.
-        self._write_manifest()
-
-    def _forget_segments(self, slots: list[int]) -> None:
-        keep = tuple(ref for ref in self.manifest.segments if ref.slot not in slots)
-        self._write_manifest(segments=keep)
-
-    def _load_records(self) -> None:
-        # One listing serves both the temporary cleanup and the load (the directory can hold
-        # tens of thousands of names; listing it is a visible part of the open).
-        names, temporaries = record_names(self.root)
-        for name in temporaries:
-            self.root.remove(f"{RECORDS}/{name}", sync_dir=False)
-        if temporaries:
-            self.root.sync_dir(RECORDS)
-        self._records = load_record_files(self.root, self.options.max_record_bytes, names)
-        for image in self._records.values():
-            if image.blobs:  # Counter.update costs an ABC check even for an empty tuple
-                self._blob_refs.update(image.blobs)
-
-    @staticmethod
-    def _generation(lsn: int) -> str:
-        return f"{lsn:016x}-{_secrets.token_hex(8)}"
-
     # -- reading -----------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
-        return self._records.get(key)
+        return self._state.get(key)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._records
+        return key in self._state
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._state)
 
     def items(self, prefix: str = "") -> Iterator[Record]:
         """Committed records whose key starts with ``prefix`` (unordered)."""
-        for key, rec in list(self._records.items()):
-            if key.startswith(prefix):
-                yield rec
+        return self._state.items(prefix)
 
     def referenced_blobs(self) -> set[str]:
-        return {d for d, n in self._blob_refs.items() if n > 0}
+        return self._state.referenced_blobs()
 
     def watch(self, prefix: str, fn: Watcher) -> None:
         """Call ``fn(key, old, new)`` for every committed change under ``prefix``.
 
         Existing records are reported first as ``(key, None, record)``.
         """
-        self._watchers.append((prefix, fn))
-        for rec in self.items(prefix):
-            fn(rec.key, None, rec)
+        self._state.watch(prefix, fn)
 
     # -- writing -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -371,40 +201,14 @@ class RecordStore:
         """Validate ``mutations``; return their ops and the encoded transaction."""
         self._check_open()
         self.root.check_writable()
-        ops: list[Op] = []
-        seen: set[str] = set()
-        for m in mutations:
-            check_key(m.key)
-            if m.key in seen:
-                raise ValueError(f"key {m.key!r} appears twice in one transaction")
-            seen.add(m.key)
-            if isinstance(m, Put):
-                ops.append(Op(m.key, m.value, tuple(m.blobs), self.latest_version(m.key) or 0))
-            else:
-                ops.append(Op(m.key, None, (), self.latest_version(m.key) or 0))
-        for key, expected in (expect or {}).items():
-            actual = self.latest_version(key)
-            if actual != expected:
-                raise VersionConflict(key, expected, actual)
-        frozen = tuple(ops)
-        data = encode_tx(frozen)
-        observe = self.options.observe_transaction
-        if observe is not None:
-            observe(TransactionInfo(frozen, len(data)))
-        for op in ops:
-            if op.value is not None and len(op.value) > self.options.max_record_bytes:
-                raise RecordTooLarge(
-                    f"record {op.key!r}: {len(op.value)} bytes exceeds {self.options.max_record_bytes}"
-                )
-        return frozen, data
+        return build_transaction(mutations, expect, self.latest_version, self.options)
 
     def latest_version(self, key: str) -> int | None:
         """The version (lsn) of ``key`` including commits still in flight; None if absent."""
         pending = self._inflight.get(key)
         if pending is not None:
             return pending[0] if pending[1] else None
-        rec = self._records.get(key)
-        return rec.lsn if rec is not None else None
+        return self._state.version(key)
 
     async def transact(
         self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
@@ -450,7 +254,7 @@ class RecordStore:
         ops, data = self._prepare(mutations, expect)
         lsn = self._wal.append_sync(data)
         self._durable_lsn = lsn
-        self._apply(lsn, ops)
+        self._state.apply(lsn, ops)
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
             self.checkpoint_sync()
         return lsn
@@ -460,46 +264,10 @@ class RecordStore:
             self._durable_lsn = self._wal.durable_lsn
         while self._unapplied and self._unapplied[0][0] <= self._durable_lsn:
             lsn, ops = self._unapplied.popleft()
-            self._apply(lsn, ops)
+            self._state.apply(lsn, ops)
             for op in ops:
                 if self._inflight.get(op.key, (None,))[0] == lsn:
                     del self._inflight[op.key]
-
-    def _apply(self, lsn: int, ops: Iterable[Op]) -> None:
-        for op in ops:
-            old = self._records.get(op.key)
-            if old is not None and old.lsn >= lsn:
-                continue  # replay of an older after-image: idempotent skip
-            if op.value is None:
-                if old is None:
-                    self._dirty.add(op.key)
-                    continue
-                del self._records[op.key]
-                new = None
-            else:
-                new = RecordImage(op.key, lsn, op.value, op.blobs)
-                self._records[op.key] = new
-                self._digest.add(op.key, lsn)
-                if new.blobs:
-                    self._blob_refs.update(new.blobs)
-            if old is not None:
-                self._digest.remove(old.key, old.lsn)
-            # Guarded: on replay this runs per transaction, and Counter.update/subtract cost an
-            # ABC isinstance check even for the empty tuple most records carry (~12% of replay).
-            if old is not None and old.blobs:
-                self._blob_refs.subtract(old.blobs)
-                for d in old.blobs:
-                    if self._blob_refs[d] <= 0:
-                        del self._blob_refs[d]
-            self._dirty.add(op.key)
-            for prefix, fn in self._watchers:
-                if op.key.startswith(prefix):
-                    try:
-                        fn(op.key, old, new)
-                    except Exception as exc:
-                        # The commit is durable and memory matches the log; a broken index is
-                        # the watcher's fault and must not hide the commit from its caller.
-                        log.error("store watcher for %r failed on %r: %s", prefix, op.key, type(exc).__name__)
 
     # -- checkpoint --------------------------------------------------------------------------
     async def checkpoint(self) -> None:
@@ -525,7 +293,7 @@ class RecordStore:
         try:
             await anyio.to_thread.run_sync(self._write_checkpoint, start_seq, lsn, snapshot)
         except BaseException:
-            self._dirty.update(snapshot)
+            self._state.dirty.update(snapshot)
             raise
         self._wal.retire_before(start_seq)
 
@@ -540,7 +308,7 @@ class RecordStore:
         try:
             self._write_checkpoint(start_seq, lsn, snapshot)
         except BaseException:
-            self._dirty.update(snapshot)
+            self._state.dirty.update(snapshot)
             raise
         self._wal.retire_before(start_seq)
 
@@ -548,34 +316,14 @@ class RecordStore:
         self._check_open()
         self.root.check_writable()
         start_seq, lsn = self._wal.roll()
-        snapshot = {key: self._records.get(key) for key in self._dirty}
-        self._dirty = set()
-        self._checkpoint_digest = Digest(self._digest.value, self._digest.count)
+        snapshot = self._state.take_dirty()
+        self._checkpoint_digest = Digest(self._state.digest.value, self._state.digest.count)
         return start_seq, lsn, snapshot
 
     def _write_checkpoint(self, start_seq: int, lsn: int, snapshot: dict[str, Record | None]) -> None:
         digest = self._checkpoint_digest
         began = time.perf_counter()
-        root = self.root
-        writes = [(key, rec) for key, rec in snapshot.items() if rec is not None]
-        removes = [key for key, rec in snapshot.items() if rec is None]
-
-        def put(item: tuple[str, Record]) -> None:
-            key, rec = item
-            root.write_atomic(f"{RECORDS}/{record_file_name(key)}", encode_record(rec), sync_dir=False)
-
-        if writes:
-            workers = max(1, min(self.options.checkpoint_threads, len(writes)))
-            if workers == 1:
-                for item in writes:
-                    put(item)
-            else:
-                with ThreadPoolExecutor(workers) as pool:
-                    list(pool.map(put, writes))
-        for key in removes:
-            root.remove(f"{RECORDS}/{record_file_name(key)}", sync_dir=False)
-        if snapshot:
-            root.sync_dir(RECORDS)
+        write_record_files(self.root, snapshot, self.options.checkpoint_threads)
         self._write_manifest(
             checkpoint_lsn=lsn, wal_start_seq=start_seq, record_count=digest.count, record_digest=digest.text()
         )
@@ -593,8 +341,8 @@ class RecordStore:
     def statistics(self) -> StoreStatistics:
         s = self._wal.stats
         return StoreStatistics(
-            records=len(self._records),
-            dirty=len(self._dirty),
+            records=len(self._state),
+            dirty=len(self._state.dirty),
             next_lsn=self._wal.next_lsn,
             checkpoints=self._checkpoints,
             last_checkpoint_seconds=self._last_checkpoint_seconds,
@@ -635,7 +383,7 @@ class RecordStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<RecordStore {self.root.root} records={len(self._records)} lsn={self._wal.next_lsn - 1}>"
+        return f"<RecordStore {self.root.root} records={len(self._state)} lsn={self._wal.next_lsn - 1}>"
 
 
 
