@@ -23,7 +23,7 @@ from afterword.disk import NoSyncDisk, StateRoot
 from afterword.store import Manifest, Put, RecordStore, StoreOptions
 from afterword.store.codec import RecordImage, encode_manifest, encode_record, record_file_name
 from afterword.store.evidence import Digest
-from afterword.store.store import MANIFEST, RECORDS
+from afterword.store.loading import MANIFEST, RECORDS
 from afterword.wal import WalOptions
 
 REPO = Path(__file__).resolve().parent.parent
