@@ -21,6 +21,7 @@ from typing import Protocol
 
 from afterword.disk import NoSyncDisk, StateRoot
 from afterword.store import Manifest, Put, RecordStore, StoreOptions
+from afterword.store.catalog import CATALOG, catalog_check, encode_catalog
 from afterword.store.codec import RecordImage, encode_manifest, encode_record, record_file_name
 from afterword.store.evidence import Digest
 from afterword.store.loading import MANIFEST, RECORDS
@@ -114,20 +115,24 @@ def fixture_rows(active: int, tombstones: int) -> Iterator[tuple[str, bytes]]:
         yield tombstone_key(i), _value(i, TOMBSTONE_VALUE_BYTES)
 
 
-def build_checkpointed_store(path: str, active: int, tombstones: int) -> None:
+def build_checkpointed_store(path: str, active: int, tombstones: int, *, catalog: bool = True) -> None:
     """A closed store whose records all live in record files, as a checkpoint leaves them.
 
-    The store creates its own layout; the record files and the manifest are then written
-    directly with the store's codec (one plain write each), because 60,000 atomic replaces
-    would cost far longer than the open being measured. The open validates every file.
+    The store creates its own layout; the record files, the checkpoint catalog and the
+    manifest are then written directly with the store's codec (one plain write each), because
+    60,000 atomic replaces would cost far longer than the open being measured. With
+    ``catalog=False`` the manifest names no catalog, so the open reads every record file (the
+    ``per-record-v4`` open).
     """
     with RecordStore.open(path, disk=NoSyncDisk()) as store:
         base = store.manifest
     records = os.path.join(path, RECORDS)
     lsn = 0
     digest = Digest()
+    entries: list[tuple[str, int, tuple[str, ...]]] = []
     for lsn, (key, value) in enumerate(fixture_rows(active, tombstones), start=1):
         digest.add(key, lsn)
+        entries.append((key, lsn, ()))
         fd = os.open(
             os.path.join(records, record_file_name(key)), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
         )
@@ -135,6 +140,12 @@ def build_checkpointed_store(path: str, active: int, tombstones: int) -> None:
             os.write(fd, encode_record(RecordImage(key, lsn, value)))
         finally:
             os.close(fd)
+    root = StateRoot(path, NoSyncDisk())
+    catalog_id = ""
+    if catalog:
+        data = encode_catalog(lsn, entries)
+        root.write_atomic(CATALOG, data)
+        catalog_id = catalog_check(data)
     manifest = Manifest(
         generation=f"{lsn:016x}-bench",
         checkpoint_lsn=lsn,
@@ -143,8 +154,9 @@ def build_checkpointed_store(path: str, active: int, tombstones: int) -> None:
         acked_lsn=lsn,
         record_digest=digest.text(),
         secret_check=base.secret_check,
+        catalog=catalog_id,
     )
-    StateRoot(path, NoSyncDisk()).write_atomic(MANIFEST, encode_manifest(manifest))
+    root.write_atomic(MANIFEST, encode_manifest(manifest))
 
 
 def build_sqlite_rows(path: str, active: int, tombstones: int) -> None:

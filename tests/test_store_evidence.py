@@ -126,6 +126,16 @@ def test_item2_record_file_rolled_back_to_an_older_version_fails_closed(tmp_path
         store.checkpoint_sync()
     with open(name, "wb") as fh:
         fh.write(old)
+    # The checkpoint catalog lets an open skip reading record files, so a file rewritten in
+    # place is refused when the record is first read (never served), with the same rule.
+    with RecordStore.open(path, options=SMALL) as store, pytest.raises(EvidenceError) as err:
+        store.get("a")
+    assert err.value.rule == "record_digest" and name in str(err.value)
+    # Without the catalog (or read-only, which reads every file) the open itself refuses.
+    with pytest.raises(EvidenceError) as err2:
+        open_readonly(path, options=SMALL, attempts=1)
+    assert err2.value.rule == "record_digest"
+    os.unlink(os.path.join(path, "CATALOG"))
     _refused(path, "record_digest")
 
 

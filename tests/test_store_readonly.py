@@ -110,8 +110,9 @@ def test_damage_fails_closed_as_a_real_open_does(tmp_path: object) -> None:
         fh.write(b"garbage!")
     with pytest.raises(StoreCorruptError):
         open_readonly(path, options=SMALL, attempts=1)
-    with pytest.raises(StoreCorruptError):
-        RecordStore.open(path, options=SMALL)
+    # A real open reads the checkpoint catalog and refuses the record when it is first read.
+    with pytest.raises(StoreCorruptError), RecordStore.open(path, options=SMALL) as store:
+        list(store.items())
 
 
 def test_consistent_reads_while_a_writer_commits_and_checkpoints(tmp_path: object) -> None:

@@ -1,4 +1,4 @@
-"""The ``per-record-v4`` record store: ownership lock, WAL commits, per-record files."""
+"""The ``per-record-v5`` record store: ownership lock, WAL commits, per-record files."""
 
 from .codec import FORMAT, MAX_KEY_BYTES, Manifest
 from .collection import Collection, CorruptRecordError

@@ -1,11 +1,13 @@
-"""Writing a checkpoint's record files: each changed record replaced atomically, each deleted
-one unlinked, then one directory fsync for the batch (the MANIFEST is written after it)."""
+"""Writing a checkpoint: each changed record file replaced atomically, each deleted one
+unlinked, one directory fsync for the batch, then the catalog of every record (the MANIFEST
+that names both is written after them)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 from ..disk import StateRoot
+from .catalog import CATALOG, CatalogEntry, catalog_check, encode_catalog
 from .codec import encode_record, record_file_name
 from .loading import RECORDS
 from .types import Record
@@ -32,3 +34,17 @@ def write_record_files(root: StateRoot, snapshot: dict[str, Record | None], thre
         root.remove(f"{RECORDS}/{record_file_name(key)}", sync_dir=False)
     if snapshot:
         root.sync_dir(RECORDS)
+
+
+def write_catalog(
+    root: StateRoot, checkpoint_lsn: int, records: dict[str, Record], unread: dict[str, CatalogEntry]
+) -> str:
+    """Write ``CATALOG`` for the checkpoint at ``checkpoint_lsn`` (atomic replace, durable)
+    and return the check the MANIFEST names it by. Runs after the record files are durable
+    and before the MANIFEST: a crash in between leaves a MANIFEST naming another catalog,
+    and the next open reads the record files instead."""
+    entries = [(key, rec.lsn, rec.blobs) for key, rec in records.items()]
+    entries += [(key, e.lsn, e.blobs) for key, e in unread.items()]
+    data = encode_catalog(checkpoint_lsn, entries)
+    root.write_atomic(CATALOG, data)
+    return catalog_check(data)

@@ -14,8 +14,9 @@ import xxhash
 
 from .errors import InvalidKeyError, StoreCorruptError
 
-FORMAT = "per-record-v4"
-FORMAT_V3 = "per-record-v3"  # read for the upgrade only: the first open rewrites it as v4
+FORMAT = "per-record-v5"
+FORMAT_V4 = "per-record-v4"  # read for the upgrade only: the first open writes a catalog (v5)
+FORMAT_V3 = "per-record-v3"  # read for the upgrade only: the first open rewrites it as v5
 RECORD_MAGIC = b"AWREC3\x00\x00"
 MAX_KEY_BYTES = 120
 MAX_GENERATION_BYTES = 256
@@ -65,7 +66,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     The v4 evidence fields let an open tell damage from a crash: ``acked_lsn`` (every lsn up
     to it was durable when this MANIFEST was written), ``segments`` (the live chain then),
     ``record_digest`` (sum of a hash of every (key, version) at ``checkpoint_lsn``) and
-    ``secret_check`` (a MAC of a constant under the secret). v3 files lack them.
+    ``secret_check`` (a MAC of a constant under the secret). v3 files lack them. ``catalog``
+    (v5) names the checkpoint's ``CATALOG`` file by the XXH3-128 of its bytes ("": none, read
+    every record file).
     """
 
     format: str = FORMAT
@@ -79,6 +82,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     segments: tuple[SegmentRef, ...] = ()
     record_digest: str = ""
     secret_check: str = ""
+    catalog: str = ""
 
 
 _tx_encoder = msgspec.msgpack.Encoder()
@@ -150,10 +154,12 @@ def decode_manifest(data: bytes) -> Manifest:
         manifest = _manifest_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"MANIFEST: {exc}") from None
-    if manifest.format not in (FORMAT, FORMAT_V3):
+    if manifest.format not in (FORMAT, FORMAT_V4, FORMAT_V3):
         raise StoreCorruptError(f"MANIFEST: format {manifest.format!r}, expected {FORMAT!r}")
-    if manifest.format == FORMAT and (not manifest.record_digest or not manifest.secret_check):
-        raise StoreCorruptError("MANIFEST: a v4 manifest must carry record_digest and secret_check")
+    if manifest.format != FORMAT_V3 and (not manifest.record_digest or not manifest.secret_check):
+        raise StoreCorruptError(f"MANIFEST: a {manifest.format} manifest must carry record_digest and secret_check")
+    if manifest.catalog and manifest.format != FORMAT:
+        raise StoreCorruptError(f"MANIFEST: a {manifest.format} manifest names no catalog")
     if len(manifest.generation.encode()) > MAX_GENERATION_BYTES:
         raise StoreCorruptError("MANIFEST: generation id exceeds 256 bytes")
     if manifest.checkpoint_lsn < 0 or manifest.wal_start_seq < 1:

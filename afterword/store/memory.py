@@ -3,28 +3,38 @@
 ``CommittedState`` holds every record as of the last durable commit, the set changed since the
 last checkpoint, how many records reference each blob, the running digest of every
 ``(key, version)`` (the MANIFEST's ``record_digest`` evidence), and the watchers told about
-each change. Nothing here does I/O: the store applies a transaction only after the fsync that
-covers it, and replay applies the log's transactions through the same :meth:`apply`.
+each change. The store applies a transaction only after the fsync that covers it, and replay
+applies the log's transactions through the same :meth:`apply`.
+
+Records an open found in the checkpoint catalog start *unread*: their key, version and blob
+references are known, their bytes stay in their record file until a read asks for them
+(through ``reader``, the only I/O here). A watcher reads every record under its prefix when it
+is registered, so a record still unread is one no watcher follows.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+from .catalog import CatalogEntry
 from .codec import Op, RecordImage
 from .evidence import Digest
 from .types import Record, Watcher
 
 log = logging.getLogger("afterword.store")
+Reader = Callable[[list[CatalogEntry]], list[Record]]
+_READ_BATCH = 4096  # record files read through one directory descriptor at a time
 
 
 class CommittedState:
-    __slots__ = ("blob_refs", "digest", "dirty", "records", "watchers")
+    __slots__ = ("blob_refs", "digest", "dirty", "reader", "records", "unread", "watchers")
 
     def __init__(self) -> None:
         self.records: dict[str, Record] = {}
+        self.unread: dict[str, CatalogEntry] = {}  # in a record file, not read yet
+        self.reader: Reader | None = None
         self.dirty: set[str] = set()
         self.blob_refs: Counter[str] = Counter()
         self.watchers: list[tuple[str, Watcher]] = []
@@ -38,24 +48,54 @@ class CommittedState:
                 self.blob_refs.update(image.blobs)
         self.digest = Digest.of((key, rec.lsn) for key, rec in records.items())
 
+    def load_catalog(self, entries: list[CatalogEntry], records: dict[str, Record], reader: Reader) -> None:
+        """Start from a checkpoint catalog (bytes read later by ``reader``) plus the record
+        files found beside it (``records``, read already)."""
+        self.load(records)
+        self.reader = reader
+        self.unread = {e.key: e for e in entries}
+        self.digest.merge(Digest.of((e.key, e.lsn) for e in entries))
+        for e in entries:
+            if e.blobs:
+                self.blob_refs.update(e.blobs)
+
     # -- reading -------------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
-        return self.records.get(key)
+        rec = self.records.get(key)
+        if rec is None and key in self.unread:
+            rec = self._read([self.unread[key]])[0]
+        return rec
 
     def version(self, key: str) -> int | None:
         rec = self.records.get(key)
-        return rec.lsn if rec is not None else None
+        if rec is not None:
+            return rec.lsn
+        entry = self.unread.get(key)
+        return entry.lsn if entry is not None else None
 
     def __contains__(self, key: object) -> bool:
-        return key in self.records
+        return key in self.records or key in self.unread
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.records) + len(self.unread)
 
     def items(self, prefix: str = "") -> Iterator[Record]:
+        if self.unread:
+            wanted = [e for key, e in self.unread.items() if key.startswith(prefix)]
+            for i in range(0, len(wanted), _READ_BATCH):
+                self._read(wanted[i : i + _READ_BATCH])
         for key, rec in list(self.records.items()):
             if key.startswith(prefix):
                 yield rec
+
+    def _read(self, entries: list[CatalogEntry]) -> list[Record]:
+        assert self.reader is not None
+        images = self.reader(entries)
+        for image in images:
+            # A commit may have replaced the record while the files were read.
+            if self.unread.pop(image.key, None) is not None:
+                self.records[image.key] = image
+        return [self.records.get(e.key, image) for e, image in zip(entries, images, strict=True)]
 
     def referenced_blobs(self) -> set[str]:
         return {d for d, n in self.blob_refs.items() if n > 0}
@@ -70,6 +110,8 @@ class CommittedState:
         """Apply one durable transaction's after-images (idempotent under replay)."""
         for op in ops:
             old = self.records.get(op.key)
+            if old is None and self.unread and self._forget_unread(op.key, lsn):
+                continue
             if old is not None and old.lsn >= lsn:
                 continue  # replay of an older after-image: idempotent skip
             if op.value is None:
@@ -96,6 +138,23 @@ class CommittedState:
             self.dirty.add(op.key)
             self._notify(op.key, old, new)
 
+    def _forget_unread(self, key: str, lsn: int) -> bool:
+        """Drop an unread record that transaction ``lsn`` replaces; True if ``lsn`` is older
+        (replay of an after-image the record file already holds: skip the operation)."""
+        entry = self.unread.get(key)
+        if entry is None:
+            return False
+        if entry.lsn >= lsn:
+            return True
+        del self.unread[key]
+        self.digest.remove(key, entry.lsn)
+        if entry.blobs:
+            self.blob_refs.subtract(entry.blobs)
+            for d in entry.blobs:
+                if self.blob_refs[d] <= 0:
+                    del self.blob_refs[d]
+        return False
+
     def _notify(self, key: str, old: Record | None, new: Record | None) -> None:
         for prefix, fn in self.watchers:
             if key.startswith(prefix):
@@ -105,6 +164,10 @@ class CommittedState:
                     # The commit is durable and memory matches the log; a broken index is
                     # the watcher's fault and must not hide the commit from its caller.
                     log.error("store watcher for %r failed on %r: %s", prefix, key, type(exc).__name__)
+
+    def catalog_source(self) -> tuple[dict[str, Record], dict[str, CatalogEntry]]:
+        """Copies of what a checkpoint's catalog lists (cheap; encoded off the event loop)."""
+        return dict(self.records), dict(self.unread)
 
     def take_dirty(self) -> dict[str, Record | None]:
         """The records changed since the last checkpoint (None: deleted), now marked clean."""

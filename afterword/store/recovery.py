@@ -15,7 +15,8 @@ from ..disk import StateRoot, UnsafeStateError
 from ..wal import NamedSegment, WriteAheadLog
 from ..wal.frame import SEGMENT_MAGIC
 from ..wal.reader import read_segment_images
-from .codec import Manifest, decode_tx, encode_manifest
+from .catalog import names_check, read_catalog, read_catalogued
+from .codec import Manifest, decode_tx, encode_manifest, record_file_name
 from .errors import StoreCorruptError
 from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
 from .loading import (
@@ -55,12 +56,13 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
     if not root.exists(RECORDS):
         raise UnsafeStateError(root.path(RECORDS), "missing")
     manifests = ManifestKeeper(root, secret, manifest)
-    _load_records(root, options, state)
+    expected_files = _load_records(root, options, state, manifest)
     check = ReplayCheck(
         records_path=root.path(RECORDS),
         checkpoint_lsn=manifest.checkpoint_lsn,
         digest=manifest.record_digest,
         count=manifest.record_count,
+        # Read files only: catalogued versions are at most the checkpoint's (read_catalog).
         loaded={key: rec.lsn for key, rec in state.records.items()},
     )
     wal, frames = WriteAheadLog.open(
@@ -81,6 +83,7 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
                 check.op(frame.lsn, op.key, op.value is not None, op.prior)
             state.apply(frame.lsn, ops)
         check.finish(state.digest)
+        _check_catalogued_files(root, state, expected_files)
     except BaseException:
         wal.close()
         raise
@@ -110,12 +113,43 @@ def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
     return secret, manifest
 
 
-def _load_records(root: StateRoot, options: StoreOptions, state: CommittedState) -> None:
-    # One listing serves both the temporary cleanup and the load (the directory can hold
-    # tens of thousands of names; listing it is a visible part of the open).
+def _load_records(root: StateRoot, options: StoreOptions, state: CommittedState, manifest: Manifest) -> list[str]:
+    """Load ``state`` from the catalog when the MANIFEST names a good one, else from every
+    record file. Returns the keys the catalog lists whose file is missing (checked after
+    replay: only a record replay replaces or deletes may have lost its file)."""
+    # One listing serves the temporary cleanup, the load, and the catalog's check (the
+    # directory can hold tens of thousands of names; listing it is a visible part of the open).
     names, temporaries = record_names(root)
     for name in temporaries:
         root.remove(f"{RECORDS}/{name}", sync_dir=False)
     if temporaries:
         root.sync_dir(RECORDS)
-    state.load(load_record_files(root, options.max_record_bytes, names))
+    catalog = read_catalog(root, manifest)
+    if catalog is None:
+        state.load(load_record_files(root, options.max_record_bytes, names))
+        return []
+    entries = catalog.entries
+    missing: list[str] = []
+    extra: list[str] = []
+    if names_check(names) != catalog.files:  # (sorted listing) not exactly the files expected
+        expected = [record_file_name(e.key) for e in entries]
+        present = set(names)
+        catalogued = set(expected)
+        missing = [e.key for e, name in zip(entries, expected, strict=True) if name not in present]
+        extra = [name for name in names if name not in catalogued]
+    # Files the catalog does not list: early writes of a checkpoint that was cut short (or
+    # damage). Read now, they pass the same evidence checks as when every file is read.
+    found = load_record_files(root, options.max_record_bytes, extra) if extra else {}
+    max_bytes = options.max_record_bytes
+    state.load_catalog(entries, found, lambda wanted: read_catalogued(root, max_bytes, wanted))
+    return missing
+
+
+def _check_catalogued_files(root: StateRoot, state: CommittedState, missing: list[str]) -> None:
+    for key in missing:
+        if key in state.unread:
+            raise EvidenceError(
+                root.path(f"{RECORDS}/{record_file_name(key)}"),
+                "record_digest",
+                f"the checkpoint recorded {key!r} at version {state.unread[key].lsn}; its file is gone",
+            )

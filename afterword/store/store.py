@@ -1,18 +1,19 @@
-"""The ``per-record-v4`` record store: WAL commits, per-record files, in-memory state.
+"""The ``per-record-v5`` record store: WAL commits, per-record files, in-memory state.
 
 Layout of a state directory (all directories 0700, files 0600)::
 
     owner.db     SQLite ownership lock (held for the process lifetime)
     secret       32 random bytes; every token is derived from it
     MANIFEST     JSON: checkpoint lsn, where the live WAL chain starts, generation id
+    CATALOG      every record's key and version as of the checkpoint (see catalog.py)
     wal/         preallocated segments (see afterword.wal)
     records/     one file per record, named by the hex of its key
 
-Every mutation is a transaction committed to the WAL; the in-memory state changes only after
-the fdatasync that covers it. A checkpoint writes the records changed since the previous one
-as files (atomic replace, one directory fsync per batch), then a new manifest, and only then
-releases the WAL segments it covered. Replay applies an after-image only when its lsn is
-newer than the record's, so replaying a transaction twice equals replaying it once.
+A mutation is a transaction committed to the WAL; memory changes only after the fdatasync
+that covers it. A checkpoint writes the records changed since the previous one as files
+(atomic replace, one directory fsync per batch), then the catalog and a new manifest, and
+only then releases the WAL segments it covered. Replay applies an after-image only when its
+lsn is newer than the record's, so replaying a transaction twice equals replaying it once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import anyio
 
 from ..disk import Disk, StateRoot, storage_errno
 from ..wal import WriteAheadLog
-from .checkpoint import write_record_files
+from .catalog import CatalogEntry
+from .checkpoint import write_catalog, write_record_files
 from .codec import FORMAT, Manifest, Op
 from .errors import StoreClosedError
 from .evidence import Digest
@@ -99,6 +101,7 @@ class RecordStore:
         self._closed = False
         self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
         self._checkpoint_digest = Digest()
+        self._checkpoint_catalog: tuple[dict[str, Record], dict[str, CatalogEntry]] = ({}, {})
         self._gate = anyio.Lock()  # held only while a checkpoint drains the log and rolls it
         self._checkpoints = 0
         self._last_checkpoint_seconds = 0.0
@@ -141,9 +144,6 @@ class RecordStore:
         """The MANIFEST as last written."""
         return self._manifests.current
 
-    def _write_manifest(self, **changes: Any) -> None:
-        self._manifests.write(**changes)
-
     def _void_from(self, first_lsn: int) -> None:
         # The log refused a batch before writing it (no space): forget the transactions
         # from first_lsn on; their callers get StorageFullError and their lsns are reused.
@@ -168,6 +168,8 @@ class RecordStore:
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
+        """The committed record, or None. A record an open found only in the checkpoint
+        catalog is read from its file now (``StoreCorruptError`` if the file is damaged)."""
         return self._state.get(key)
 
     def __contains__(self, key: object) -> bool:
@@ -318,14 +320,21 @@ class RecordStore:
         start_seq, lsn = self._wal.roll()
         snapshot = self._state.take_dirty()
         self._checkpoint_digest = Digest(self._state.digest.value, self._state.digest.count)
+        self._checkpoint_catalog = self._state.catalog_source()
         return start_seq, lsn, snapshot
 
     def _write_checkpoint(self, start_seq: int, lsn: int, snapshot: dict[str, Record | None]) -> None:
         digest = self._checkpoint_digest
         began = time.perf_counter()
+        records, unread = self._checkpoint_catalog
         write_record_files(self.root, snapshot, self.options.checkpoint_threads)
-        self._write_manifest(
-            checkpoint_lsn=lsn, wal_start_seq=start_seq, record_count=digest.count, record_digest=digest.text()
+        catalog = write_catalog(self.root, lsn, records, unread)
+        self._manifests.write(
+            checkpoint_lsn=lsn,
+            wal_start_seq=start_seq,
+            record_count=digest.count,
+            record_digest=digest.text(),
+            catalog=catalog,
         )
         self._checkpoints += 1
         self._last_checkpoint_seconds = time.perf_counter() - began
@@ -335,7 +344,7 @@ class RecordStore:
         changes: dict[str, Any] = {"meta": dict(meta)}
         if guard_required is not None:
             changes["guard_required"] = guard_required
-        self._write_manifest(**changes)
+        self._manifests.write(**changes)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def statistics(self) -> StoreStatistics:
@@ -351,6 +360,7 @@ class RecordStore:
             wal_commits=s.commits,
             wal_fsyncs=s.fsyncs,
             wal_bytes=self._wal.log_bytes,
+            unread=len(self._state.unread),
         )
 
     @property
@@ -367,7 +377,7 @@ class RecordStore:
                 # A clean stop records how far the log was acknowledged, so that later damage
                 # to its last frames is told apart from a torn write.
                 try:
-                    self._write_manifest()
+                    self._manifests.write()
                 except Exception as exc:
                     log.warning("store: could not record the acknowledged lsn at close: %s", exc)
             self._wal.close()

@@ -73,3 +73,4 @@ class StoreStatistics:
     wal_commits: int
     wal_fsyncs: int
     wal_bytes: int
+    unread: int = 0  # records known from the checkpoint catalog whose file is not read yet

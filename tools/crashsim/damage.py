@@ -20,7 +20,7 @@ with an error that is not one of the fail-closed kinds, e.g. a traceback).
 batch_start, checksum or payload): a kill leaves that frame after the last MANIFEST write, so
 no evidence but the write's shadow copy can tell the damage from a torn write.
 
-Targets are the store's files: ``MANIFEST``, ``secret``, ``owner.db``, ``records/*`` and
+Targets are the store's files: ``MANIFEST``, ``CATALOG``, ``secret``, ``owner.db``, ``records/*`` and
 ``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
 record is read).
 """
@@ -50,7 +50,7 @@ KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "ma
 # at run time): marker, length, lsn, batch_start, checksum.
 _FRAME_FIELDS = (("marker", 1), ("length", 5), ("lsn", 9), ("batch_start", 17), ("checksum", 25), ("payload", -1))
 _TARGET_DIRS = ("records", "wal")
-_TOP_FILES = ("MANIFEST", "secret")
+_TOP_FILES = ("MANIFEST", "CATALOG", "secret")
 _FAIL_CLOSED = (StoreError, WalError, DiskError)
 _DISK = NoSyncDisk()
 
