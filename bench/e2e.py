@@ -4,6 +4,7 @@ Run from the repository root::
 
     python -m bench.e2e                 # 1 and 64 concurrent producers, all scenarios
     python -m bench.e2e --producers 64 --n 3000
+    python -m bench.e2e --producers 1 32 --scenarios bare detached dbos rss --json e2e.json
 
 Scenarios, each measured side by side in one run on the same disk:
 
@@ -12,6 +13,10 @@ Scenarios, each measured side by side in one run on the same disk:
 * ``detached``: ``afterword serve`` (the real CLI) in its own process; producers in this one
   make a detached claim and submit its result (two requests). A continuation counts when its
   line is in ``outbox.jsonl``; the template synthesizer runs in between.
+* ``dbos``: DBOS Transact on SQLite (``bench/e2e_dbos.py``), 64 workflows in flight, each
+  doing recv + one step; the peer a user might pick instead.
+* ``rss``: ``afterword serve``'s resident memory holding 10,000 active continuations and
+  50,000 tombstones (``bench/e2e_rss.py``), beside its memory on an empty state.
 * ``interactive``: the embedded app handle in this process, as an agent host embeds it: per
   continuation the host begins a run, the producer claims over HTTP, the host closes,
   finalizes (snapshot blob) and activates the run, then the producer submits the result.
@@ -42,6 +47,8 @@ import anyio.abc
 import msgspec
 
 from .common import REPO, percentile, scratch_base, scratch_dir
+from .e2e_dbos import run_dbos
+from .e2e_rss import RssFigure, fill_state, serve_rss
 
 TOKEN_ENV = "AFTERWORD_BENCH_DETACHED_TOKEN"
 TOKEN = "bench-detached-token-0123456789"
@@ -386,7 +393,22 @@ async def bench_interactive(base: str, producers: int, n: int) -> Figure:
             return Figure("interactive (embedded)", producers, n, seconds, latencies)
 
 
-def report(figures: list[Figure]) -> None:
+def ratios(figures: list[Figure]) -> list[dict[str, Any]]:
+    """Each scenario against the bare ceiling at the same producer count, and against DBOS."""
+    bare = {f.producers: f.rate for f in figures if f.scenario.startswith("bare")}
+    dbos = next((f.rate for f in figures if f.scenario.startswith("dbos")), None)
+    out: list[dict[str, Any]] = []
+    for f in figures:
+        if f.scenario.startswith(("bare", "dbos")):
+            continue
+        if f.producers in bare:
+            out.append({"scenario": f.scenario, "producers": f.producers, "against": "bare", "ratio": f.rate / bare[f.producers]})
+        if dbos:
+            out.append({"scenario": f.scenario, "producers": f.producers, "against": "dbos", "ratio": f.rate / dbos})
+    return out
+
+
+def report(figures: list[Figure], rss: RssFigure | None = None) -> None:
     print(
         f"{'scenario':<24} {'producers':>9} {'n':>6} {'seconds':>8} {'cont/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
     )
@@ -395,20 +417,73 @@ def report(figures: list[Figure]) -> None:
         p50 = f"{percentile(lat, 50):8.1f}" if lat else f"{'-':>8}"
         p99 = f"{percentile(lat, 99):8.1f}" if lat else f"{'-':>8}"
         print(f"{f.scenario:<24} {f.producers:>9} {f.n:>6} {f.seconds:>8.2f} {f.rate:>8.1f} {p50} {p99}")
-    bare = {f.producers: f.rate for f in figures if f.scenario.startswith("bare")}
+    for r in ratios(figures):
+        what = "the bare ceiling" if r["against"] == "bare" else "DBOS Transact's rate"
+        print(f"{r['scenario']} with {r['producers']} producer(s): {r['ratio']:.0%} of {what}")
+    if rss is not None:
+        print(
+            f"serve RSS with {rss.active:,} active + {rss.tombstones:,} tombstones: {rss.rss_mib:.1f} MiB "
+            f"(empty state {rss.empty_rss_mib:.1f} MiB; listening after {rss.open_seconds:.2f} s)"
+        )
+
+
+def to_json(figures: list[Figure], rss: RssFigure | None, errors: dict[str, str], load: list[float]) -> dict[str, Any]:
+    rows = []
     for f in figures:
-        if not f.scenario.startswith("bare") and f.producers in bare:
-            print(
-                f"{f.scenario} with {f.producers} producer(s): {f.rate / bare[f.producers]:.0%} of the bare ceiling"
-            )
+        lat = f.latencies_ms
+        rows.append(
+            {
+                "scenario": f.scenario,
+                "producers": f.producers,
+                "n": f.n,
+                "seconds": f.seconds,
+                "rate": f.rate,
+                "p50_ms": percentile(lat, 50) if lat else None,
+                "p99_ms": percentile(lat, 99) if lat else None,
+            }
+        )
+    return {
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": load, "loadavg_after": list(os.getloadavg())},
+        "max_concurrent": MAX_CONCURRENT,
+        "rows": rows,
+        "ratios": ratios(figures),
+        "rss": None if rss is None else vars(rss),
+        "errors": errors,
+    }
+
+
+async def bench_rss(base: str, active: int, tombstones: int) -> RssFigure:
+    """RSS of `afterword serve` on an empty state, then on one holding the given records."""
+    with scratch_dir(base) as scratch:
+        root = Path(scratch)
+        config_path = write_config(root)
+        config = json.loads(config_path.read_text())["continuations"]
+        env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(REPO)}
+        empty, _ = await serve_rss(config_path, config["port"], env, REPO)
+        route = config["namedRoutes"][ROUTE]
+        await anyio.to_thread.run_sync(
+            fill_state, str(root / config["stateDir"]), active, tombstones, ROUTE, route["conversationId"]
+        )
+        full, seconds = await serve_rss(config_path, config["port"], env, REPO)
+        return RssFigure(active, tombstones, empty, full, seconds)
+
+
+async def bench_dbos(base: str, n: int, inflight: int) -> Figure:
+    with scratch_dir(base) as scratch:
+        result = await anyio.to_thread.run_sync(run_dbos, scratch, n, WARMUP, inflight)
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return Figure(f"dbos ({inflight} in flight)", inflight, n, result["seconds"], result["latencies_ms"])
 
 
 async def main(args: argparse.Namespace) -> None:
     global MAX_CONCURRENT
     MAX_CONCURRENT = args.max_concurrent
-    print(f"worker bound maxConcurrent={MAX_CONCURRENT}; load average {os.getloadavg()[0]:.2f}")
+    load = list(os.getloadavg())
+    print(f"worker bound maxConcurrent={MAX_CONCURRENT}; {os.cpu_count()} CPUs; load average {load[0]:.2f}")
     base = scratch_base(args.scratch)
     figures: list[Figure] = []
+    errors: dict[str, str] = {}
     for producers in args.producers:
         n = args.n or (300 if producers == 1 else 2000)
         for scenario in args.scenarios:
@@ -416,11 +491,26 @@ async def main(args: argparse.Namespace) -> None:
                 figures.append(await bench_bare(producers, n))
             elif scenario == "detached":
                 figures.append(await bench_detached(base, producers, n))
-            else:
+            elif scenario == "interactive":
                 figures.append(await bench_interactive(base, producers, n))
+            else:
+                continue
             f = figures[-1]
             print(f"  {f.scenario}, {producers} producer(s): {f.rate:.1f} continuations/s", flush=True)
-    report(figures)
+    if "dbos" in args.scenarios:
+        try:
+            f = await bench_dbos(base, args.n or 2000, args.dbos_inflight)
+            figures.append(f)
+            print(f"  {f.scenario}: {f.rate:.1f} workflows/s", flush=True)
+        except Exception as exc:  # the peer is optional: say why it did not run
+            errors["dbos"] = str(exc)
+            print(f"  dbos: not measured: {exc}", flush=True)
+    rss = None
+    if "rss" in args.scenarios:
+        rss = await bench_rss(base, args.rss_active, args.rss_tombstones)
+    report(figures, rss)
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(figures, rss, errors, load), indent=2))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -433,8 +523,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--scenarios",
         nargs="+",
         default=["bare", "detached", "interactive"],
-        choices=["bare", "detached", "interactive"],
+        choices=["bare", "detached", "interactive", "dbos", "rss"],
+        help="dbos: the DBOS Transact peer (the bench extra); rss: serve's memory with many records",
     )
+    parser.add_argument("--dbos-inflight", type=int, default=64, help="DBOS workflows in flight")
+    parser.add_argument("--rss-active", type=int, default=10_000, help="active continuations for rss")
+    parser.add_argument("--rss-tombstones", type=int, default=50_000, help="tombstones for rss")
+    parser.add_argument("--json", help="also write every figure, ratio and the machine's load here")
     parser.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT, help="continuations.limits")
     parser.add_argument("--scratch", help="directory for scratch state (default: beside the repository)")
     return parser.parse_args(argv)
