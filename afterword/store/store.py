@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from ..disk import Disk, StateRoot, storage_errno
+from ..disk import Disk, StateRoot, StorageFullError, storage_errno
 from ..wal import WriteAheadLog
 from .catalog import CatalogEntry
 from .checkpoint import write_catalog, write_record_files
@@ -246,8 +246,18 @@ class RecordStore:
         finally:
             self._apply_durable()
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
-            await self._auto_checkpoint()
+            try:
+                await self._auto_checkpoint()
+            except StorageFullError as exc:
+                self._checkpoint_deferred(exc)
         return pending.lsn
+
+    @staticmethod
+    def _checkpoint_deferred(exc: StorageFullError) -> None:
+        # The transaction is durable; only the checkpoint after it found no space (nothing
+        # durable changed, the next commit tries again). Raising StorageFullError would tell
+        # the caller "not written, retry" about a transaction that was written.
+        log.warning("store: automatic checkpoint deferred: %s", exc)
 
     def transact_sync(
         self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
@@ -258,7 +268,10 @@ class RecordStore:
         self._durable_lsn = lsn
         self._state.apply(lsn, ops)
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
-            self.checkpoint_sync()
+            try:
+                self.checkpoint_sync()
+            except StorageFullError as exc:
+                self._checkpoint_deferred(exc)
         return lsn
 
     def _apply_durable(self) -> None:

@@ -183,11 +183,16 @@ class JobQueueWorkload(Workload):
                             await queue.ack(*held)
                         else:
                             await queue.nack(*held, "nack")
-                    except QueueError as exc:  # lease_lost, not_found
+                    except QueueError as exc:  # a definite refusal: it took effect as nothing
                         if exc.code not in ("lease_lost", "not_found"):
                             raise
-                        pass  # a definite refusal: the operation took effect as nothing
 
+            if op.kind in ("ack", "nack") and journal.outcomes.get(op.lease_op) not in (None, "acked"):
+                # The lease failed (outcome unknown, or refused): the client holds no token and
+                # never sends this, whether or not the lease landed.
+                journal.begin(n)
+                journal.fail(n, None, refused=True)
+                continue
             await journal.attempt_async(n, step, poisoned=lambda: queue.store.root.failed is not None)
             if journal.outcomes.get(n) == "acked" and op.kind == "enqueue":
                 journal.fact(f"enqueued/{jid(op.key)}", "present")
