@@ -4,9 +4,11 @@ that names both is written after them)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..disk import StateRoot
+from ..disk import StateRoot, StorageFullError
 from .catalog import CATALOG, CatalogEntry, catalog_check, encode_catalog
 from .codec import encode_record, record_file_name
 from .loading import RECORDS
@@ -48,3 +50,20 @@ def write_catalog(
     data = encode_catalog(checkpoint_lsn, entries)
     root.write_atomic(CATALOG, data)
     return catalog_check(data)
+
+
+# An automatic checkpoint runs after the commit that filled the log is durable. When it finds
+# no space (nothing durable changed), it waits for the next commit instead of failing this
+# one: StorageFullError would tell the caller "not written, retry" about a written commit.
+def deferred_if_full(checkpoint: Callable[[], None]) -> None:
+    try:
+        checkpoint()
+    except StorageFullError as exc:
+        logging.getLogger("afterword.store").warning("store: automatic checkpoint deferred: %s", exc)
+
+
+async def deferred_if_full_async(checkpoint: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await checkpoint()
+    except StorageFullError as exc:
+        logging.getLogger("afterword.store").warning("store: automatic checkpoint deferred: %s", exc)

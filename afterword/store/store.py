@@ -26,10 +26,10 @@ from typing import Any
 
 import anyio
 
-from ..disk import Disk, StateRoot, StorageFullError, storage_errno
+from ..disk import Disk, StateRoot, storage_errno
 from ..wal import WriteAheadLog
 from .catalog import CatalogEntry
-from .checkpoint import write_catalog, write_record_files
+from .checkpoint import deferred_if_full, deferred_if_full_async, write_catalog, write_record_files
 from .codec import FORMAT, Manifest, Op
 from .errors import StoreClosedError
 from .evidence import Digest
@@ -246,18 +246,8 @@ class RecordStore:
         finally:
             self._apply_durable()
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
-            try:
-                await self._auto_checkpoint()
-            except StorageFullError as exc:
-                self._checkpoint_deferred(exc)
+            await deferred_if_full_async(self._auto_checkpoint)
         return pending.lsn
-
-    @staticmethod
-    def _checkpoint_deferred(exc: StorageFullError) -> None:
-        # The transaction is durable; only the checkpoint after it found no space (nothing
-        # durable changed, the next commit tries again). Raising StorageFullError would tell
-        # the caller "not written, retry" about a transaction that was written.
-        log.warning("store: automatic checkpoint deferred: %s", exc)
 
     def transact_sync(
         self, mutations: Sequence[Mutation], *, expect: Mapping[str, int | None] | None = None
@@ -268,10 +258,7 @@ class RecordStore:
         self._durable_lsn = lsn
         self._state.apply(lsn, ops)
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
-            try:
-                self.checkpoint_sync()
-            except StorageFullError as exc:
-                self._checkpoint_deferred(exc)
+            deferred_if_full(self.checkpoint_sync)
         return lsn
 
     def _apply_durable(self) -> None:
