@@ -15,7 +15,7 @@ from _claims import make_claim
 
 from afterword.continuations import STATES, Continuation, Receipt, ResultRecord
 from afterword.continuations import lifecycle as lc
-from afterword.continuations.actions import TRANSITIONS, Action, Event, next_action, target
+from afterword.continuations.actions import TRANSITIONS, Action, Event, after_restart, next_action, target
 
 NOW = 1_900_000_000_000
 DEADLINE = NOW + 60_000
@@ -209,3 +209,47 @@ def test_worker_asks_next_action(state: str, changes: dict[str, object], now: in
     acts = {"expire", "synthesize", "deliver", "hold"}
     want = expected.kind if expected.kind in acts else None
     assert Worker._action(None, record(state, **changes), now) == want  # type: ignore[arg-type]
+
+
+# -- after_restart: what startup recovery makes of a record, decided by the core -------------
+# (state, origin_context, in the activation marker?, delivery in flight) ->
+# (state after, origin_context after, last error code after). Records carry a bound snapshot
+# digest unless the origin is "pending-nodigest" (listed, but finalize never bound one).
+RESTART_CASES = [
+    ("claimed", "pending", True, False, "claimed", "pinned", None),
+    ("claimed", "pending-nodigest", True, False, "claimed", "abandoned", None),
+    ("claimed", "pending", False, False, "claimed", "abandoned", None),
+    ("claimed", "pending", None, False, "claimed", "abandoned", None),
+    ("claimed", "pinned", None, False, "claimed", "pinned", None),
+    ("synthesizing", "pinned", None, False, "dead_lettered", "pinned", "synthesis_interrupted"),
+    (R, "pinned", None, True, "delivery_unknown", "pinned", "delivery_interrupted"),
+    (R, "pinned", None, False, R, "pinned", None),
+    (DR, "pinned", None, True, "delivery_unknown", "pinned", "delivery_interrupted"),
+    ("delivered", "pinned", None, False, "delivered", "pinned", None),
+]
+
+
+@pytest.mark.parametrize(("state", "origin", "listed", "in_flight", "want_state", "want_origin", "want_error"), RESTART_CASES)
+def test_after_restart(
+    state: str,
+    origin: str,
+    listed: bool | None,
+    in_flight: bool,
+    want_state: str,
+    want_origin: str,
+    want_error: str | None,
+) -> None:
+    digest = None if origin == "pending-nodigest" else "b" * 64
+    rec = record(state, origin_context=origin.split("-")[0], delivery_in_flight=in_flight, snapshot_digest=digest)
+    marker = None if listed is None else ({rec.id} if listed else {"c_other"})
+    after = after_restart(rec, marker, NOW)
+    assert (after.state, after.origin_context) == (want_state, want_origin)
+    assert (after.last_error.code if after.last_error else None) == want_error
+    if after == rec:
+        assert after is rec  # unchanged records are not rewritten
+
+
+def test_after_restart_leaves_detached_origins_alone() -> None:
+    rec = record("claimed", origin_context="detached_latest")
+    rec = msgspec.structs.replace(rec, claim=msgspec.structs.replace(rec.claim, kind="detached", run_id=None))
+    assert after_restart(rec, None, NOW) is rec

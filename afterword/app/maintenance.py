@@ -8,6 +8,7 @@ import logging
 from ..blobs import BlobStore
 from ..config import Config
 from ..continuations import lifecycle
+from ..continuations.actions import after_restart
 from ..continuations.model import Continuation, encode
 from ..continuations.retention import compactable, plan_retention, retention_limits, tombstone_of
 from ..store import Delete, Mutation, Put, RecordTooLarge
@@ -32,17 +33,11 @@ class Maintenance:
 
     # -- recovery ----------------------------------------------------------------------------
     def recovered(self, rec: Continuation, now: int) -> Continuation:
-        """What recovery makes of one record: an origin left pending is settled from the
-        group activation marker, then interrupted synthesis or delivery is ended."""
-        new = rec
-        if new.origin_context == "pending" and new.claim.kind == "interactive":
-            marker = self.repo.activation(new.claim.run_id or "")
-            if marker is not None and new.id in marker.claim_ids:
-                new = lifecycle.activate(new, now)
-            else:
-                new = lifecycle.abandon(new, now)  # the origin run died before commit
-        recovered = lifecycle.recover(new, now)
-        return new if recovered is None else recovered
+        """What recovery makes of one record; the decision is the core's
+        (:func:`afterword.continuations.actions.after_restart`), this only looks up the
+        record's group activation marker."""
+        marker = self.repo.activation(rec.claim.run_id or "") if rec.claim.kind == "interactive" else None
+        return after_restart(rec, None if marker is None else marker.claim_ids, now)
 
     async def recover(self) -> int:
         """Finish what a stop interrupted: settle origins, and turn interrupted synthesis or

@@ -9,15 +9,17 @@ re-exported here.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Literal
 
 import msgspec
 
+from . import lifecycle
 from .lifecycle import may_post
 from .model import TERMINAL, Continuation
 from .transitions import TRANSITIONS, Event, target
 
-__all__ = ["TRANSITIONS", "Action", "ActionKind", "Event", "next_action", "target"]
+__all__ = ["TRANSITIONS", "Action", "ActionKind", "Event", "after_restart", "next_action", "target"]
 
 
 ActionKind = Literal["expire", "synthesize", "deliver", "hold", "wait", "none"]
@@ -58,3 +60,22 @@ def next_action(rec: Continuation, now_ms: int) -> Action:
     # ready_to_deliver, or a retry that is due. An answer whose earlier post was never proven
     # posts only after the operator's opt-in, however it became due (lifecycle invariant 5).
     return Action(kind="deliver") if may_post(rec) else Action(kind="hold")
+
+
+def after_restart(rec: Continuation, activated_ids: Collection[str] | None, now_ms: int) -> Continuation:
+    """What startup recovery makes of ``rec`` (pure; returns ``rec`` itself when unchanged).
+
+    ``activated_ids`` is the claim list of the group activation marker of ``rec``'s origin
+    run, or None when no marker exists. The marker is the commit point: an interactive
+    origin still pending is activated when the marker lists the claim and abandoned
+    otherwise (the run died before its commit). Then synthesis or delivery that a stop
+    interrupted is ended without being replayed (lifecycle.recover).
+    """
+    new = rec
+    if new.origin_context == "pending" and new.claim.kind == "interactive":
+        if activated_ids is not None and new.id in activated_ids:
+            new = lifecycle.activate(new, now_ms)
+        else:
+            new = lifecycle.abandon(new, now_ms)
+    recovered = lifecycle.recover(new, now_ms)
+    return new if recovered is None else recovered
