@@ -13,6 +13,7 @@ import anyio
 from ..app.ports import WorkerPorts
 from ..continuations import lifecycle
 from ..continuations.model import Continuation, Receipt
+from ..disk import DiskError
 from ..history import ConversationHistory, Message
 from ..store import RecordTooLarge
 from ..wal import TransactionTooLarge
@@ -125,6 +126,11 @@ class Delivery(Steps):
                 lambda r: lifecycle.delivery_unknown(r, "delivery_timeout", "channel did not answer in time", now()),
             )
             return
+        except DiskError:
+            # The store refused a write mid-post (a chunk receipt): not a channel outcome. The
+            # record stays durably in flight, so nothing posts it again in this process, and the
+            # next start settles it as after a crash (reconciled, or delivery_interrupted).
+            raise
         except Exception as exc:
             reason = type(exc).__name__
             await self.transition(cid, lambda r: lifecycle.delivery_unknown(r, "delivery_error", reason, now()))
