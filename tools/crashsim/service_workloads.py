@@ -71,13 +71,12 @@ ENVIRON = {TOKEN_ENV: "crashsim-detached-bearer-for-tests-only"}  # not a secret
 CHUNK_CHARS = 80  # the fake channel's limit: the interactive answer takes two posts
 
 # Small unfilled segments keep the log short; one checkpoint thread keeps it reproducible. The
-# largest transaction (a continuation with its answer) is well under 4 KiB. 32 KiB: a write
-# takes its bytes twice since writes carry shadows, and 16 KiB moved the second segment's
-# creation under a chunk post (seed 1, 'truncate#2:ENOSPC:once'), where the worker records a
-# refused write as delivery_error while this model expects delivery_interrupted.
+# largest transaction (a continuation with its answer) is well under 4 KiB; 16 KiB puts the second
+# segment's creation under a chunk post, so a refused write mid-post is among the fault plans
+# (seed 1, 'truncate#2:ENOSPC:once'; the worker then leaves the record in flight for recovery).
 OPTIONS = StoreOptions(
     wal=WalOptions(  # "thread": reproducible recordings (see store_workloads.small_options)
-        segment_size=32 * 1024, max_payload=4096, max_log_bytes=1 << 20, zero_fill=False, commit_mode="thread"
+        segment_size=16 * 1024, max_payload=4096, max_log_bytes=1 << 20, zero_fill=False, commit_mode="thread"
     ),
     checkpoint_threads=1,
 )
