@@ -46,7 +46,9 @@ class KeyedLocks:
             for key in ordered:
                 lock = self._locks.get(key)
                 if lock is None:
-                    lock = self._locks[key] = anyio.Lock()
+                    # An uncontended acquire need not yield to the loop: every holder awaits
+                    # a commit inside the block anyway, and the yield cost ~3% of serve's loop.
+                    lock = self._locks[key] = anyio.Lock(fast_acquire=True)
                 await lock.acquire()
                 acquired.append(lock)
             yield
