@@ -402,9 +402,18 @@ def ratios(figures: list[Figure]) -> list[dict[str, Any]]:
         if f.scenario.startswith(("bare", "dbos")):
             continue
         if f.producers in bare:
-            out.append({"scenario": f.scenario, "producers": f.producers, "against": "bare", "ratio": f.rate / bare[f.producers]})
+            out.append(
+                {
+                    "scenario": f.scenario,
+                    "producers": f.producers,
+                    "against": "bare",
+                    "ratio": f.rate / bare[f.producers],
+                }
+            )
         if dbos:
-            out.append({"scenario": f.scenario, "producers": f.producers, "against": "dbos", "ratio": f.rate / dbos})
+            out.append(
+                {"scenario": f.scenario, "producers": f.producers, "against": "dbos", "ratio": f.rate / dbos}
+            )
     return out
 
 
@@ -427,7 +436,9 @@ def report(figures: list[Figure], rss: RssFigure | None = None) -> None:
         )
 
 
-def to_json(figures: list[Figure], rss: RssFigure | None, errors: dict[str, str], load: list[float]) -> dict[str, Any]:
+def to_json(
+    figures: list[Figure], rss: RssFigure | None, errors: dict[str, str], load: list[float]
+) -> dict[str, Any]:
     rows = []
     for f in figures:
         lat = f.latencies_ms

@@ -10,8 +10,10 @@ the others' way.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing
+import queue
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,13 @@ POLL = 0.01
 
 
 def _run(db_path: str, n: int, warmup: int, inflight: int, poll: float, out: Any) -> None:
+    try:
+        out.put(_measure(db_path, n, warmup, inflight, poll))
+    except BaseException as exc:  # reported to the parent, which prints why
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _measure(db_path: str, n: int, warmup: int, inflight: int, poll: float) -> dict[str, Any]:
     import anyio
     from dbos import DBOS
 
@@ -69,23 +78,31 @@ def _run(db_path: str, n: int, warmup: int, inflight: int, poll: float, out: Any
         anyio.run(batch, warmup, "warm", False)
         began = time.perf_counter()
         anyio.run(batch, n, "run", True)
-        out.put({"seconds": time.perf_counter() - began, "latencies_ms": sorted(latencies)})
-    except BaseException as exc:  # reported to the parent, which prints why
-        out.put({"error": f"{type(exc).__name__}: {exc}"})
+        return {"seconds": time.perf_counter() - began, "latencies_ms": sorted(latencies)}
     finally:
         DBOS.destroy()
 
 
 def run_dbos(scratch: str, n: int, warmup: int, inflight: int, poll: float = POLL) -> dict[str, Any]:
     """Seconds for ``n`` workflows and their send-to-completion latencies, or ``{"error"}``."""
+    if importlib.util.find_spec("dbos") is None:
+        return {"error": "the dbos package is not installed (pip install -e '.[bench]')"}
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     proc = ctx.Process(target=_run, args=(str(Path(scratch) / "dbos.sqlite"), n, warmup, inflight, poll, out))
     proc.start()
-    try:
-        result: dict[str, Any] = out.get(timeout=600)
-    except Exception as exc:
-        result = {"error": f"no result from the DBOS child: {type(exc).__name__}"}
+    result: dict[str, Any] | None = None
+    while result is None:
+        try:
+            result = out.get(timeout=1)
+        except queue.Empty:
+            if not proc.is_alive():  # died before reporting (an import or start-up failure)
+                try:
+                    result = out.get(timeout=1)
+                except queue.Empty:
+                    result = {"error": f"the DBOS child exited with code {proc.exitcode} before reporting"}
+        except Exception as exc:
+            result = {"error": f"no result from the DBOS child: {type(exc).__name__}"}
     proc.join(30)
     if proc.is_alive():
         proc.terminate()

@@ -47,7 +47,12 @@ def test_e2e_small_run_reports_every_scenario(tmp_path: Path) -> None:
     args = ["--producers", "1", "--n", "20", "--scenarios", "bare", "detached", "dbos", "rss"]
     args += ["--rss-active", "100", "--rss-tombstones", "300", "--json", str(out), "--scratch", str(tmp_path)]
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.e2e", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=360
+        [sys.executable, "-m", "bench.e2e", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
