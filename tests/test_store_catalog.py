@@ -13,10 +13,13 @@ import pytest
 from _disk_helpers import SMALL, abandon
 
 from afterword.disk import OsDisk
-from afterword.store import FORMAT, Delete, Put, RecordStore, StoreCorruptError, open_readonly
+from afterword.store import FORMAT, Delete, Put, RecordStore, StoreCorruptError, StoreOptions, open_readonly
 from afterword.store.catalog import CATALOG, decode_catalog
 from afterword.store.codec import RecordImage, encode_record, record_file_name
 from afterword.store.evidence import EvidenceError
+from afterword.wal import WalOptions
+
+MiB = 1024 * 1024
 
 
 class CountingDisk(OsDisk):
@@ -235,3 +238,37 @@ def test_v4_state_gets_a_catalog_on_first_open(tmp_path: Path) -> None:
     mpath.write_text(json.dumps(manifest))
     with pytest.raises(StoreCorruptError, match="names no catalog"):
         RecordStore.open(path, options=SMALL)
+
+
+class FailingRenameDisk(OsDisk):
+    """Fails the next rename whose target ends with ``target`` (once), with EIO."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.target and dst.endswith(self.target):
+            self.target = ""
+            raise OSError(5, "injected EIO")
+        super().rename(src, dst)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("target", [CATALOG, record_file_name("b")])
+async def test_a_failed_automatic_checkpoint_does_not_fail_the_durable_commit(tmp_path: Path, target: str) -> None:
+    """The commit that found the log full is durable before its checkpoint starts; a
+    checkpoint that then fails (here a record file's rename) is logged and retried by the
+    next commit, never reported to that committer as a failed commit. (A failed catalog
+    write does not even fail the checkpoint: the MANIFEST then names no catalog.)"""
+    path = str(tmp_path / "s")
+    os.chmod(tmp_path, 0o700)
+    disk = FailingRenameDisk("")
+    # A log cap of one segment: every commit finds the log full and checkpoints.
+    options = StoreOptions(wal=WalOptions(segment_size=MiB, max_payload=MiB // 4, zero_fill=False, max_log_bytes=MiB))
+    with RecordStore.open(path, disk=disk, options=options) as store:
+        await store.transact([Put("a", b"1")])
+        disk.target = target
+        lsn = await store.transact([Put("b", b"2")])
+        assert disk.target == "" and store.get("b").lsn == lsn  # type: ignore[union-attr]
+    with RecordStore.open(path, options=SMALL) as store:
+        assert {r.key: r.value for r in store.items()} == {"a": b"1", "b": b"2"}

@@ -8,11 +8,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..disk import StateRoot, StorageFullError
+from ..disk import StateRoot
 from .catalog import CATALOG, CatalogEntry, catalog_check, encode_catalog
 from .codec import encode_record, record_file_name
 from .loading import RECORDS
 from .types import Record
+
+log = logging.getLogger("afterword.store")
 
 
 def write_record_files(root: StateRoot, snapshot: dict[str, Record | None], threads: int) -> None:
@@ -48,22 +50,36 @@ def write_catalog(
     entries = [(key, rec.lsn, rec.blobs) for key, rec in records.items()]
     entries += [(key, e.lsn, e.blobs) for key, e in unread.items()]
     data = encode_catalog(checkpoint_lsn, entries)
-    root.write_atomic(CATALOG, data)
+    try:
+        root.write_atomic(CATALOG, data)
+    except OSError as exc:
+        if root.failed is not None:
+            raise  # a failed fsync or write: the checkpoint fails as it would anyway
+        # The catalog only speeds up the next open: without it the checkpoint stays whole
+        # and the MANIFEST names no catalog, so the next open reads every record file.
+        log.warning("store: could not write %s (%s); the next open reads every record file", CATALOG, exc)
+        return ""
     return catalog_check(data)
 
 
-# An automatic checkpoint runs after the commit that filled the log is durable. When it finds
-# no space (nothing durable changed), it waits for the next commit instead of failing this
-# one: StorageFullError would tell the caller "not written, retry" about a written commit.
-def deferred_if_full(checkpoint: Callable[[], None]) -> None:
+# An automatic checkpoint runs after the commit that filled the log is durable. When it fails
+# without poisoning the root (no space, a rename or create refused: nothing durable is lost),
+# it waits for the next commit instead of failing this one: an error would tell the caller
+# "not written" about a written commit. After a failed fsync or write (the root is poisoned)
+# the error is raised, so nothing is acknowledged after one.
+def deferred_if_full(checkpoint: Callable[[], None], root: StateRoot) -> None:
     try:
         checkpoint()
-    except StorageFullError as exc:
-        logging.getLogger("afterword.store").warning("store: automatic checkpoint deferred: %s", exc)
+    except Exception as exc:
+        if root.failed is not None:
+            raise
+        log.warning("store: automatic checkpoint deferred: %s", exc)
 
 
-async def deferred_if_full_async(checkpoint: Callable[[], Awaitable[None]]) -> None:
+async def deferred_if_full_async(checkpoint: Callable[[], Awaitable[None]], root: StateRoot) -> None:
     try:
         await checkpoint()
-    except StorageFullError as exc:
-        logging.getLogger("afterword.store").warning("store: automatic checkpoint deferred: %s", exc)
+    except Exception as exc:
+        if root.failed is not None:
+            raise
+        log.warning("store: automatic checkpoint deferred: %s", exc)

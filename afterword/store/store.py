@@ -246,7 +246,7 @@ class RecordStore:
         finally:
             self._apply_durable()
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
-            await deferred_if_full_async(self._auto_checkpoint)
+            await deferred_if_full_async(self._auto_checkpoint, self.root)
         return pending.lsn
 
     def transact_sync(
@@ -258,7 +258,7 @@ class RecordStore:
         self._durable_lsn = lsn
         self._state.apply(lsn, ops)
         if self.options.auto_checkpoint and self._wal.needs_checkpoint:
-            deferred_if_full(self.checkpoint_sync)
+            deferred_if_full(self.checkpoint_sync, self.root)
         return lsn
 
     def _apply_durable(self) -> None:
