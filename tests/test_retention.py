@@ -22,13 +22,18 @@ async def wait_for(predicate, timeout: float = 10) -> None:  # type: ignore[no-u
             await anyio.sleep(0.01)
 
 
+# One deadline for the whole module: a repeated claim must repeat it exactly, and deadline()
+# reads the wall clock at second resolution, so two calls can differ across a second's tick.
+DEADLINE = deadline()
+
+
 async def settle(service: afterword.ContinuationService, route: str, key: str, payload: object) -> str:
     from _service import DETACHED_TOKEN
 
     claim = await service.detached_claim(
         "work-control",
         DETACHED_TOKEN,
-        DetachedClaimRequest(route=route, task_key=key, task_hash="h-" + key, deadline=deadline()),
+        DetachedClaimRequest(route=route, task_key=key, task_hash="h-" + key, deadline=DEADLINE),
     )
     await service.submit_result(
         claim.continuation_id,
@@ -101,7 +106,7 @@ async def test_retention_bounds(tmp_path: Path) -> None:
             "work-control",
             DETACHED_TOKEN,
             DetachedClaimRequest(
-                route="background-index", task_key="quiet-0", task_hash="h-quiet-0", deadline=deadline()
+                route="background-index", task_key="quiet-0", task_hash="h-quiet-0", deadline=DEADLINE
             ),
         )
         assert again.continuation_id == silent[0] and again.result_token == token
