@@ -133,3 +133,32 @@ async def test_a_refused_receipt_write_mid_post_is_settled_like_a_crash(tmp_path
 def afterword_outbox(path: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
+
+
+class FailsOnSecondChunk(PlainChannel):
+    """An embedded adapter with a bug that shows only on the second chunk."""
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        if delivery.chunk_index == 1:
+            raise KeyError("adapter bug")
+        return await super().post(delivery)
+
+
+@pytest.mark.anyio
+async def test_an_unexpected_channel_error_after_a_posted_chunk_keeps_its_receipt(tmp_path: Path) -> None:
+    config, env = make_config(tmp_path)
+    channel = FailsOnSecondChunk(None)
+
+    async def run(service: Any, producer: Producer, worker: Worker) -> Continuation:
+        claimed = await reply_run(service, producer, {"summary": SUMMARY})
+        await _drive(worker)
+        rec = service.repo.get(claimed.id)
+        assert rec is not None
+        return rec
+
+    rec = await _session(config, env, channel, None, run)
+    assert len(channel.keys) == 1
+    assert rec.state == "delivery_unknown" and rec.post_unproven
+    # Before: the channel's generic "delivery_error", as if nothing had been posted.
+    assert rec.chunk_receipts == (f"d-{channel.keys[0]}",)
+    assert rec.last_error is not None and rec.last_error.code == "partial_delivery"

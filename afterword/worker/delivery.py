@@ -133,6 +133,9 @@ class Delivery(Steps):
             raise
         except Exception as exc:
             reason = type(exc).__name__
+            if receipts:  # the chunks already confirmed stay on the record, as for any partial post
+                await self.partial(cid, receipts, reason)
+                return
             await self.transition(cid, lambda r: lifecycle.delivery_unknown(r, "delivery_error", reason, now()))
             return
         await self.confirmed(cid, rec, receipts, timeout)
