@@ -253,3 +253,28 @@ def test_after_restart_leaves_detached_origins_alone() -> None:
     rec = record("claimed", origin_context="detached_latest")
     rec = msgspec.structs.replace(rec, claim=msgspec.structs.replace(rec.claim, kind="detached", run_id=None))
     assert after_restart(rec, None, NOW) is rec
+
+
+# -- end_after_fault: a step failed unexpectedly; the core decides how the record ends ---------
+@pytest.mark.parametrize(
+    ("state", "changes", "expected"),
+    [
+        ("claimed", {}, "dead_lettered"),
+        ("result_received", {}, "dead_lettered"),
+        ("synthesizing", {}, "dead_lettered"),
+        (R, {}, "dead_lettered"),
+        (R, {"delivery_in_flight": True}, "delivery_unknown"),
+        (DR, {"chunk_receipts": ("d0",)}, "delivery_unknown"),
+        ("delivered", {}, None),
+        ("cancelled", {}, None),
+    ],
+)
+def test_end_after_fault(state: str, changes: dict[str, object], expected: str | None) -> None:
+    rec = record(state, **changes)
+    after = lc.end_after_fault(rec, "internal_error", "KeyError", NOW)
+    if expected is None:
+        assert after is None
+        return
+    assert after is not None and after.state == expected
+    assert after.last_error is not None and after.last_error.code == "internal_error"
+    assert after.text == rec.text  # unlike park, the answer is kept

@@ -60,6 +60,7 @@ __all__ = [
     "delivered",
     "delivery_failed",
     "delivery_unknown",
+    "end_after_fault",
     "expire",
     "fail_synthesis",
     "finish_synthesis",
@@ -205,3 +206,15 @@ def park(rec: Continuation, code: str, message: str, now_ms: int) -> Continuatio
     if rec.delivery_in_flight or rec.chunk_receipts:
         return terminate(slim, move(rec, "park_unknown"), now_ms, last_error=error)
     return terminate(slim, move(rec, "park"), now_ms, last_error=error)
+
+
+def end_after_fault(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation | None:
+    """A step failed in a way no rule covers (a bug, a malformed record): end the record where
+    an operator sees it instead of retrying it forever. Unlike :func:`park` it keeps the text.
+    A record whose post may have begun becomes delivery_unknown, never a blind repost; a
+    terminal record is left as it is (None)."""
+    if rec.terminal:
+        return None
+    if rec.delivery_in_flight or rec.chunk_receipts:
+        return delivery_unknown(rec, code, message, now_ms)
+    return dead_letter(rec, code, message, now_ms)

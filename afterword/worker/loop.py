@@ -225,13 +225,5 @@ class Worker(Steps):
 
     async def _park(self, cid: str, reason: str) -> None:
         now = self.now()
-
-        def fn(r: Continuation) -> Continuation | None:
-            if r.terminal:
-                return None
-            if r.delivery_in_flight or r.chunk_receipts:  # posting may have begun: never repost
-                return lifecycle.delivery_unknown(r, "internal_error", reason, now)
-            return lifecycle.dead_letter(r, "internal_error", reason, now)
-
-        await self.shielded(cid, fn)
+        await self.shielded(cid, lambda r: lifecycle.end_after_fault(r, "internal_error", reason, now))
 
