@@ -270,7 +270,7 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         claim = await api.claim(run)
         await s.send("post", f"{rp}/run-1/heartbeat", 200, headers=host)
         await s.send("post", f"{rp}/run-1/close", 200, headers=host)
-        await s.send("post", f"{rp}/run-1/finalize", 413, content=big, headers={**host, **js})
+        await s.send("post", f"{rp}/run-1/finalize", 413, content=b"x" * 1_100_000, headers={**host, **js})
         await s.trickle("POST", f"{rp}/run-1/finalize", {**host, **js})
         await s.send("post", f"{rp}/run-1/finalize", 400, json={"history": ORIGIN[:1]}, headers=host)
         await s.send("post", f"{rp}/run-1/finalize", 200, json={"history": ORIGIN}, headers=host)
@@ -315,3 +315,24 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         documented = {(o.method, o.path, st) for o in HOST_OPERATIONS for st in (200, *o.errors)}
         assert documented <= s.pairs, sorted(documented - s.pairs)
         assert s.pairs <= documented, sorted(s.pairs - documented)
+
+
+async def test_finalize_takes_a_history_larger_than_the_snapshot_and_only_finalize_does(tmp_path: Path) -> None:
+    # 40 turns of ~16 KiB each: about 640 KiB of JSON, more than the 256 KiB a snapshot keeps.
+    # The host may send it whole; size pressure drops the oldest turns, and every other route
+    # keeps the app-wide cap.
+    history: list[dict[str, str]] = []
+    for i in range(40):
+        history += [{"role": "user", "content": f"q{i} " + "u" * 8000}, {"role": "assistant", "content": f"a{i} " + "a" * 8000}]
+    history += ORIGIN
+    async with serving(tmp_path) as h:
+        api = Api(h)
+        run = await api.begin()
+        await api.claim(run)
+        assert (await api.post("/runs/run-1/close")).status_code == 200
+        resp = await api.post("/runs/run-1/finalize", {"history": history})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["snapshotDigest"]
+        big_claim = {"runId": "run-2", "conversationId": CONV, "replyTo": REPLY, "pad": "x" * 600_000}
+        assert_error(await api.post("/runs", big_claim), 413, "too_large")
+        assert_error(await api.post("/runs/run-1/finalize", {"history": history * 2}), 413, "too_large")

@@ -8,14 +8,15 @@ verbs, plus captured text, which only the host capability can read.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quart import Quart, Response, request
+from quart.wrappers import Request
 
 from ..app.hostruns import host_runs
 from ..blobs import BlobQuotaExceeded, BlobTooLarge
 from ..continuations.errors import TooLarge
-from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
+from ..continuations.rules import MAX_CLAIM_BODY
 from ..protocol import paths
 from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
 from ..protocol.wire import ResolveRequest, RetryRequest
@@ -27,14 +28,27 @@ from .messages import read_body as _body
 if TYPE_CHECKING:
     from ..app.service import ContinuationService
 
-# The history a host sends to finalize is bounded like a result: the snapshot itself keeps at
-# most 64 messages and 256 KiB of content, so a host sends its newest messages, not all.
-MAX_FINALIZE_BODY = MAX_RESULT_BODY
+# The history a host sends to finalize: room for a whole snapshot (at most 256 KiB of
+# content) with its JSON framing and some older turns for size pressure to drop. It is the one
+# route whose body may exceed the result limit (see FinalizeSizedRequest).
+MAX_FINALIZE_BODY = 1024 * 1024
+
+
+class FinalizeSizedRequest(Request):
+    """Quart sizes a request's body buffer when it creates the request, before routing, from
+    ``MAX_CONTENT_LENGTH``; this lets the host's finalize route alone take its larger body
+    while every other route keeps the app-wide cap."""
+
+    def __init__(self, method: str, scheme: str, path: str, *args: Any, **kwargs: Any) -> None:
+        if method == "POST" and path.startswith(paths.HOST_RUNS + "/") and path.endswith("/finalize"):
+            kwargs["max_content_length"] = MAX_FINALIZE_BODY + 4096
+        super().__init__(method, scheme, path, *args, **kwargs)
 
 
 def add_host_routes(app: Quart, service: ContinuationService) -> None:
     """Register the host API on ``app`` (called by :func:`afterword.http.app.create_app`)."""
     runs = host_runs(service)
+    app.request_class = FinalizeSizedRequest
 
     def _host() -> None:
         service.verify_host(_bearer())
