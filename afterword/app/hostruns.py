@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..continuations.errors import Closed, Conflict, NotFound
+from ..continuations.errors import Closed, Conflict, InvalidRequest, NotFound
 from ..continuations.rules import format_ms
 from ..protocol.host import AbandonReason, RunBody, RunState, ServerBinding
 from .leases import lapsed, lease_loop, lease_state
@@ -72,6 +72,10 @@ class HostRuns:
     def begin(self, run_id: str, conversation_id: str, reply_to: str | None, mode: str) -> HostRun:
         """Bind a run; an identical repeat returns the same binding (and renews its lease),
         the same run id with a different binding is a conflict."""
+        if "/" in run_id or run_id in (".", ".."):
+            # Every later call names the run in one URL path segment; such an id could never
+            # be finalized or activated, only left to lapse.
+            raise InvalidRequest("runId must fit one URL path segment: no '/', and not '.' or '..'")
         run = self._runs.get(run_id)
         if run is not None:
             if not run.same_binding(conversation_id, reply_to, mode):

@@ -89,10 +89,14 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
         )
         return Response(html, status=status, content_type="text/html; charset=utf-8")
 
-    @bp.after_request
+    # App-wide, not the blueprint's own hook: a request under /ui that matches no route (a
+    # 404, 405 or the /ui -> /ui/ redirect) never reaches the blueprint, and its answer needs
+    # the same policy.
+    @bp.after_app_request
     async def _headers(response: Response) -> Response:
-        for name, value in HEADERS.items():
-            response.headers[name] = value
+        if request.path == "/ui" or request.path.startswith("/ui/"):
+            for name, value in HEADERS.items():
+                response.headers[name] = value
         return response
 
     @bp.errorhandler(ContinuationError)
