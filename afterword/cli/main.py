@@ -9,7 +9,9 @@ line on stderr with a non-zero exit code and say what to do next; with ``--json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -88,6 +90,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`afterword continuations list | head`): end quietly, as
+        # `python -m afterword` does with SIGPIPE's default action, instead of a traceback.
+        # stdout now points at /dev/null so the interpreter's last flush cannot fail again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     parser = build_parser()
     Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
