@@ -16,7 +16,7 @@ from ..wal import NamedSegment, WriteAheadLog
 from ..wal.frame import SEGMENT_MAGIC
 from ..wal.reader import read_segment_images
 from .catalog import names_check, read_catalog, read_catalogued
-from .codec import Manifest, decode_tx, encode_manifest, record_file_name
+from .codec import Manifest, encode_manifest, record_file_name
 from .errors import StoreCorruptError
 from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
 from .loading import (
@@ -77,11 +77,7 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
     )
     manifests.wal = wal
     try:
-        for frame in frames:
-            ops = decode_tx(frame.payload).ops
-            for op in ops:
-                check.op(frame.lsn, op.key, op.value is not None, op.prior)
-            state.apply(frame.lsn, ops)
+        state.replay(frames, check)
         check.finish(state.digest)
         _check_catalogued_files(root, state, expected_files)
     except BaseException:
