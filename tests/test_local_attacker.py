@@ -3,13 +3,15 @@ the status page, each pinned by the attack that found it (docs/http-hardening.md
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from _ui import sign_in
 from test_http_protocol import CONV, REPLY, assert_error, auth, serving
 
 from afterword.clients.operator import read_host_token
-from afterword.http.ui.routes import CSP
+from afterword.http.ui.routes import CSP, FORM_LIMIT
 
 pytestmark = pytest.mark.anyio
 
@@ -52,3 +54,22 @@ async def test_a_run_id_no_url_can_address_is_refused_at_begin(tmp_path: Path) -
             assert resp.status_code == 200, resp.text
             got = await h.client.post(f"{base}/{segment}/heartbeat", headers=host)
             assert got.status_code == 200 and got.json()["runId"] == run_id, got.text
+
+
+async def test_a_chunked_form_is_held_to_the_form_limit_too(tmp_path: Path) -> None:
+    async with serving(tmp_path) as h:
+        ui = await sign_in(h.client, h.service)
+        csrf = await ui.csrf()
+        headers = {"Cookie": ui.cookie, "Content-Type": "application/x-www-form-urlencoded"}
+
+        async def chunked(body: bytes) -> AsyncIterator[bytes]:
+            yield body  # no Content-Length: the route cannot refuse from the headers
+
+        big = f"csrf={csrf}&pad=".encode() + b"a" * (FORM_LIMIT * 25)
+        url = h.service.base_url + "/ui/c/c_nope/cancel"
+        r = await h.client.post(url, headers=headers, content=chunked(big))
+        assert r.status_code == 413, r.text
+        assert r.headers["content-security-policy"] == CSP
+        # the same form within the limit is read (and reaches the verb: no such continuation)
+        r = await h.client.post(url, headers=headers, content=chunked(f"csrf={csrf}".encode()))
+        assert r.status_code == 404, r.text

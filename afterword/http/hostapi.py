@@ -24,6 +24,7 @@ from .messages import bearer as _bearer
 from .messages import decode_request as _decode
 from .messages import json_response, query_int
 from .messages import read_body as _body
+from .ui.routes import FORM_LIMIT
 
 if TYPE_CHECKING:
     from ..app.service import ContinuationService
@@ -37,11 +38,15 @@ MAX_FINALIZE_BODY = 1024 * 1024
 class FinalizeSizedRequest(Request):
     """Quart sizes a request's body buffer when it creates the request, before routing, from
     ``MAX_CONTENT_LENGTH``; this lets the host's finalize route alone take its larger body
-    while every other route keeps the app-wide cap."""
+    while every other route keeps the app-wide cap (and the status page's forms a smaller one)."""
 
     def __init__(self, method: str, scheme: str, path: str, *args: Any, **kwargs: Any) -> None:
         if method == "POST" and path.startswith(paths.HOST_RUNS + "/") and path.endswith("/finalize"):
             kwargs["max_content_length"] = MAX_FINALIZE_BODY + 4096
+        elif method == "POST" and path.startswith("/ui/"):
+            # A status page form: its cap must hold for a chunked body too, which announces
+            # no length for the route to check first.
+            kwargs["max_content_length"] = FORM_LIMIT
         super().__init__(method, scheme, path, *args, **kwargs)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from quart import Blueprint, Response, redirect, render_template, request, url_for
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from ...app.service import ContinuationService
 from ...continuations.errors import ContinuationError, Forbidden, InvalidRequest, NotFound, TooLarge
@@ -202,7 +203,10 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
     async def _form() -> Any:
         if (request.content_length or 0) > FORM_LIMIT:
             raise TooLarge(f"a form may be at most {FORM_LIMIT} bytes")
-        return await request.form
+        try:
+            return await request.form
+        except RequestEntityTooLarge:  # a chunked body past the request's cap (see hostapi)
+            raise TooLarge(f"a form may be at most {FORM_LIMIT} bytes") from None
 
     @bp.post("/c/<cid>/<verb>")
     async def act(cid: str, verb: str) -> Response:
