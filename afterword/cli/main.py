@@ -89,6 +89,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return anyio.run(run_demo, args.keep)
 
 
+def _config_problem(exc: ConfigError) -> str:
+    # "$" (the whole document) means nothing to a reader: name the file instead.
+    if exc.path != "$":
+        return str(exc)
+    if exc.file and exc.file not in exc.problem:
+        return f"{exc.file}: {exc.problem}"
+    return exc.problem
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -110,7 +119,7 @@ def _main(argv: Sequence[str] | None) -> int:
         handler = getattr(args, "func", None) or args.handler
         code: int = handler(args)
     except ConfigError as exc:
-        return report(args, "invalid_config", f"{exc} (see docs/configuration.md)", 2)
+        return report(args, "invalid_config", f"{_config_problem(exc)} (see docs/configuration.md)", 2)
     except MigrationError as exc:
         return report(args, "migration", f"{exc} (see docs/upgrading.md)", 1)
     except StoreLockedError as exc:
