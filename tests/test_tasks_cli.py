@@ -147,3 +147,14 @@ def test_show_output_strips_escapes_and_cannot_fake_its_footer(state_dir: str) -
     assert "| red" in lines
     command = next(line for line in lines if line.startswith("command: "))
     assert command == "command: " + shlex.join([sys.executable, "-c", HOSTILE, "it's"])  # shell-quoted
+
+
+def test_a_journal_readable_by_others_says_how_to_fix_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = tmp_path / "tasks"
+    journal.mkdir(mode=0o755)
+    journal.chmod(0o755)
+    assert main(["tasks", "list", "--state-dir", str(journal)]) == 3
+    err = capsys.readouterr().err
+    assert "permissive_mode" in err and "chmod 0700" in err and len(err.strip().splitlines()) == 1

@@ -26,7 +26,7 @@ from typing import Any, TextIO, cast
 
 import msgspec
 
-from ..disk import DiskError
+from ..disk import DiskError, UnsafeStateError
 from ..errors import StateError
 from ..store import Record, RecordStore, StoreError, StoreView, open_readonly
 from ..tasks import core
@@ -143,7 +143,15 @@ def _open(state_dir: str) -> TaskJournal:
         view = open_readonly(state_dir)
         return TaskJournal(cast(RecordStore, _Snapshot(view)))
     except (StoreError, WalError, DiskError, TaskJournalCorrupt) as exc:
-        raise JournalUnavailable(str(exc)) from None
+        hint = _FIXABLE.get(exc.rule, "") if isinstance(exc, UnsafeStateError) else ""
+        raise JournalUnavailable(f"{exc}{hint}") from None
+
+
+# Rules a reader can fix in place; the rule name alone does not say what to do.
+_FIXABLE = {
+    "permissive_mode": " (the journal must be owner-only: chmod 0700 its directories and 0600 its files)",
+    "wrong_owner": " (run as the user that owns the journal, or chown it back to that user)",
+}
 
 
 def _flags(task: TaskRecord) -> str:
