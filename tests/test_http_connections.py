@@ -48,6 +48,8 @@ async def _exchange(port: int, raw: bytes) -> tuple[str, dict[str, Any]]:
         ("control character in the request line", 400, "invalid_request"),
         ("100 KB URL", 431, "too_large"),
         ("100 KB header", 431, "too_large"),
+        ("20 KB header in one read", 431, "too_large"),
+        ("20 KB URL in one read", 431, "too_large"),
         ("not HTTP at all", 400, "invalid_request"),
     ],
 )
@@ -62,6 +64,9 @@ async def test_malformed_requests_get_the_json_envelope(
             "control character in the request line": f"GET /v1/oper\x01ator/health HTTP/1.1\r\n{host}\r\n",
             "100 KB URL": f"GET /v1/continuations/{'a' * 100_000} HTTP/1.1\r\n{host}\r\n",
             "100 KB header": f"GET /v1/operator/health HTTP/1.1\r\n{host}X-Big: {'b' * 100_000}\r\n\r\n",
+            # Over the 16 KiB head limit but inside one 64 KiB read, which h11 never sees as incomplete
+            "20 KB header in one read": f"GET /v1/livez HTTP/1.1\r\n{host}X-Big: {'b' * 20_000}\r\n\r\n",
+            "20 KB URL in one read": f"GET /v1/livez?{'a' * 20_000} HTTP/1.1\r\n{host}\r\n",
             "not HTTP at all": "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
         }[name]
         line, body = await _exchange(h.config.port, raw.encode("latin-1"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
 
 from quart import Quart, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestHeaderFieldsTooLarge
 
 from ..app.service import ContinuationService
 from ..continuations.errors import ContinuationError, InvalidRequest, Unauthorized
@@ -61,6 +62,16 @@ def allowed_hosts(host: str, port: int) -> frozenset[str]:
 
 
 STORAGE_RETRY_AFTER_S = 5
+# The request line and headers together. h11 enforces this only on a head that arrives over
+# several reads; one that fits a single 64 KiB read is checked here.
+MAX_REQUEST_HEAD = 16 * 1024
+
+
+def request_head_size(scope: Mapping[str, Any]) -> int:
+    """Bytes of the request line and headers as sent (ASGI scope), separators included."""
+    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 1
+    line = len(str(scope.get("method", ""))) + target + len(" HTTP/1.1\r\n") + 1
+    return line + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
 
 
 def create_app(service: ContinuationService) -> Quart:
@@ -74,6 +85,8 @@ def create_app(service: ContinuationService) -> Quart:
 
     @app.before_request
     async def _check_host() -> None:
+        if request_head_size(cast(Mapping[str, Any], request.scope)) > MAX_REQUEST_HEAD:
+            raise RequestHeaderFieldsTooLarge()
         host = request.headers.get("Host", "").strip().lower()
         if host not in hosts:
             raise InvalidRequest("the Host header does not name this loopback service")

@@ -18,7 +18,7 @@ from hypercorn.config import Config as HypercornConfig
 from ..app.service import ContinuationService
 from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
-from .app import create_app
+from .app import MAX_REQUEST_HEAD, create_app
 from .listener import AcceptLoop, connection_cap, serve_socket
 
 log = logging.getLogger("afterword.http")
@@ -77,7 +77,7 @@ class HttpServer:
         hc.graceful_timeout = 5.0
         hc.keep_alive_timeout = 30.0
         # Bounded per connection: the request head, and how much hypercorn queues for the app.
-        hc.h11_max_incomplete_size = 16 * 1024
+        hc.h11_max_incomplete_size = MAX_REQUEST_HEAD
         hc.max_app_queue_size = 10
         app = create_app(self.service)
         tg.start_soon(self._run, app, hc)
