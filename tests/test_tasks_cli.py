@@ -158,3 +158,11 @@ def test_a_journal_readable_by_others_says_how_to_fix_it(
     assert main(["tasks", "list", "--state-dir", str(journal)]) == 3
     err = capsys.readouterr().err
     assert "permissive_mode" in err and "chmod 0700" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_verb_is_named_like_the_other_command_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["tasks"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "required: VERB" in err and "tasks_command" not in err

@@ -90,7 +90,7 @@ def add_tasks_parser(subparsers: Any) -> None:
         help="inspect the background task journal",
         description="Read-only view of the background task journal; works while a host owns it.",
     )
-    actions = tasks.add_subparsers(dest="tasks_command", required=True)
+    actions = tasks.add_subparsers(dest="tasks_command", required=True, metavar="VERB")
     listing = actions.add_parser(
         "list", parents=[common], help="list tasks, oldest first", description="List tasks, oldest first."
     )
