@@ -352,3 +352,12 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert "blobs" in out and "0 violations" in out and json_path.stat().st_size > 0
     assert main(["state", "--workload", "blobs", "--model", "torn", "--seed", "0", "--state", "0"]) == 0
     assert main(["run", "--workload", "no-such"]) == 2
+
+
+@pytest.mark.parametrize("name", ["no_such_module_here:Workload", "tools.crashsim.workloads:NoSuchClass"])
+def test_a_workload_that_cannot_be_loaded_is_one_line(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="cannot load workload"):
+        get_workload(name)
+    assert main(["run", "--workload", name]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load workload" in err and "Traceback" not in err

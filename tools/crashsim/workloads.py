@@ -191,7 +191,10 @@ def get_workload(name: str) -> type[Workload]:
         return WORKLOADS[name]
     if ":" in name:
         module, _, attr = name.partition(":")
-        cls = getattr(importlib.import_module(module), attr)
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:  # a typo in --workload, not a crash finding
+            raise ValueError(f"cannot load workload {name}: {exc}") from None
         if not (isinstance(cls, type) and issubclass(cls, Workload)):
             raise ValueError(f"{name} is not a crashsim Workload subclass")
         return cls
