@@ -189,7 +189,7 @@ async def test_pages_never_show_captured_text_payloads_or_tokens(tmp_path: Path)
             assert r.status_code == 200, (path, r.text)
             for secret in secrets:
                 assert secret not in r.text, (path, secret[:8])
-            assert secret not in str(r.headers)
+                assert secret not in str(r.headers), (path, secret[:8])
             assert r.headers["content-security-policy"] == CSP
             assert r.headers["x-frame-options"] == "DENY"
             assert r.headers["referrer-policy"] == "same-origin"
