@@ -361,3 +361,8 @@ def test_a_workload_that_cannot_be_loaded_is_one_line(name: str, capsys: pytest.
     assert main(["run", "--workload", name]) == 2
     err = capsys.readouterr().err
     assert "cannot load workload" in err and "Traceback" not in err
+
+
+def test_a_damage_case_id_that_matches_nothing_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["damage", "--workload", "blobs", "--case", "no-such-case"]) == 2
+    assert "no damage case 'no-such-case'" in capsys.readouterr().err

@@ -226,6 +226,8 @@ def _damage(args: argparse.Namespace) -> int:
                 result = run_damage(workload, scratch, budget=args.budget, only=args.case)
                 _progress(f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations")
                 results.append(result)
+    if args.case and not any(r.cases for r in results):  # a mistyped id must not read as a pass
+        raise ValueError(f"no damage case {args.case!r} in this workload and seed (use an id a report printed)")
     print(render_damage(results, max_examples=100 if args.case else 5))
     return 1 if any(r.violations for r in results) else 0
 
