@@ -366,3 +366,9 @@ def test_a_workload_that_cannot_be_loaded_is_one_line(name: str, capsys: pytest.
 def test_a_damage_case_id_that_matches_nothing_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["damage", "--workload", "blobs", "--case", "no-such-case"]) == 2
     assert "no damage case 'no-such-case'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ident", ["bogus", "3/x=1", "3/1"])
+def test_a_malformed_state_id_names_itself_and_its_form(ident: str) -> None:
+    with pytest.raises(ValueError, match=r"bad crash state id .*expected N or N/I=O"):
+        CrashState.parse(ident)

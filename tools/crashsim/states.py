@@ -53,13 +53,18 @@ class CrashState:
 
     @classmethod
     def parse(cls, ident: str) -> CrashState:
-        point, _, rest = ident.partition("/")
-        choice: list[tuple[int, int]] = []
-        if rest:
-            for part in rest.split(","):
-                i, _, o = part.partition("=")
-                choice.append((int(i), int(o)))
-        return cls(int(point), tuple(sorted(choice)))
+        try:
+            point, _, rest = ident.partition("/")
+            choice: list[tuple[int, int]] = []
+            if rest:
+                for part in rest.split(","):
+                    i, _, o = part.partition("=")
+                    choice.append((int(i), int(o)))
+            return cls(int(point), tuple(sorted(choice)))
+        except ValueError:  # int()'s own message names neither the id nor its form
+            raise ValueError(
+                f"bad crash state id {ident!r}; expected N or N/I=O,... as a report printed"
+            ) from None
 
 
 @dataclass(frozen=True)
