@@ -27,16 +27,24 @@ SOAK: dict[str, Any] = {
 QUICK: dict[str, Any] = {"kills": 5, "continuations": 300, "threads": 4}
 
 
+def _positive(text: str) -> int:
+    # --kills -1 ran nothing and still printed "ok": a count below one verifies nothing
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.killtest", description=__doc__)
     parser.add_argument(
         "--soak", action="store_true", help=f"the 1,000-kill soak ({SOAK}); flags below override"
     )
-    parser.add_argument("--kills", type=int)
-    parser.add_argument("--continuations", type=int, help="cap on the claims the load makes")
-    parser.add_argument("--threads", type=int, help="producer threads")
+    parser.add_argument("--kills", type=_positive)
+    parser.add_argument("--continuations", type=_positive, help="cap on the claims the load makes")
+    parser.add_argument("--threads", type=_positive, help="producer threads")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--terminal-max-records", type=int, help="the service's retention limit")
+    parser.add_argument("--terminal-max-records", type=_positive, help="the service's retention limit")
     parser.add_argument(
         "--observe-rate", type=float, default=50.0, help="status polls per second during the run"
     )
