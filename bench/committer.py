@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from . import workloads as w
-from .common import median, scratch_base, scratch_dir
+from .common import median, output_path, scratch_base, scratch_dir
 
 MODES = ("thread", "writer", "adaptive")
 
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--dir")
-    parser.add_argument("--json")
+    parser.add_argument("--json", type=output_path)
     args = parser.parse_args(argv)
     out = run(args.reps, args.seconds, scratch_base(args.dir), lambda m: print(m, file=sys.stderr, flush=True))
     print(render(out))

@@ -28,6 +28,7 @@ from .common import (
     build_sqlite_rows,
     describe_filesystem,
     median,
+    output_path,
     percentile,
     scratch_base,
     scratch_dir,
@@ -330,8 +331,8 @@ def run(profile: Profile, base: str, say: Callable[[str], None]) -> tuple[list[R
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the same rows, smaller and shorter (< 1 min)")
-    parser.add_argument("--json", metavar="PATH", help="write rows, targets and machine details as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="draw commits/s against concurrency as a PNG")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="write rows, targets and machine details as JSON")
+    parser.add_argument("--plot", metavar="PATH", type=output_path, help="draw commits/s against concurrency as a PNG")
     parser.add_argument("--dir", metavar="DIR", help="scratch directory (default: on the repo's file system)")
     parser.add_argument("--reps", type=int, help="repetitions per figure (median reported)")
     parser.add_argument("--seconds", type=float, help="measurement window of each commit sample")

@@ -46,7 +46,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from .common import REPO, percentile, scratch_base, scratch_dir
+from .common import REPO, output_path, percentile, scratch_base, scratch_dir
 from .e2e_dbos import run_dbos
 from .e2e_rss import RssFigure, fill_state, serve_rss
 
@@ -540,7 +540,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dbos-inflight", type=int, default=64, help="DBOS workflows in flight")
     parser.add_argument("--rss-active", type=int, default=10_000, help="active continuations for rss")
     parser.add_argument("--rss-tombstones", type=int, default=50_000, help="tombstones for rss")
-    parser.add_argument("--json", help="also write every figure, ratio and the machine's load here")
+    parser.add_argument("--json", type=output_path, help="also write every figure, ratio and the machine's load here")
     parser.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT, help="continuations.limits")
     parser.add_argument("--scratch", help="directory for scratch state (default: beside the repository)")
     return parser.parse_args(argv)
