@@ -236,10 +236,13 @@ async def test_host_token_is_written_owner_only_and_never_printed(
         link.symlink_to(victim)
         hard = tmp_path / "hard.token"
         os.link(victim, hard)
-        for path in (link, hard):
+        folder = tmp_path / "a-folder"
+        folder.mkdir()
+        for path, why in ((link, "it is a symlink"), (hard, "other hard links"), (folder, "it is a directory")):
             code = cli_main(["continuations", "host-token", "--config", config, "--file", str(path)])
             assert code == 1
-            assert "refusing to replace" in capsys.readouterr().err
+            err = capsys.readouterr().err
+            assert "refusing to replace" in err and why in err
         assert victim.read_text() == "keep"
         # The file's token opens the host API.
         resp = await h.client.get(h.service.base_url + "/v1/host/health", headers=auth(target.read_text()))

@@ -42,7 +42,8 @@ def _refuse_unsafe_target(target: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode):
-        raise CliError(f"refusing to replace {target}: it is not a regular file (a symlink?)", 1, "unsafe_target")
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise CliError(f"refusing to replace {target}: it is {kind}; name a new file", 1, "unsafe_target")
     if st.st_uid != os.geteuid() or st.st_nlink != 1:
         raise CliError(
             f"refusing to replace {target}: it belongs to another user or has other hard links", 1, "unsafe_target"
