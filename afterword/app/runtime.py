@@ -19,9 +19,9 @@ from ..continuations.errors import ServiceDisabled
 from ..history import ConversationHistory
 from ..http.server import HttpServer
 from ..legacy import open_state
-from ..payload_check import check_payload_files
 from ..store import RecordStore, StoreOptions
 from .hostruns import host_runs
+from .payloads import check_payload_files
 from .ports import ChangeListener
 from .service import ContinuationService, wall_clock_ms
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ..app.payloads import PAYLOADS_DIR, check_payload_files
 from ..app.repository import LIVE, TOMB
 from ..continuations.model import decode_continuation, decode_tombstone
 from ..disk import DiskError, UnsafeStateError
-from ..payload_check import PAYLOADS_DIR, check_payload_files
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
 from ..wal import WalError, WalEvidenceError

@@ -34,7 +34,7 @@ class EvidenceError(StoreCorruptError):
 
     ``rule`` is one of ``record_digest``, ``manifest_behind_records``, ``acknowledged_lost``,
     ``secret_missing``, ``secret_mismatch``, ``segment_missing``, ``segment_short``,
-    ``segment_replaced``, and for out-of-line result payloads (``afterword.payload_check``)
+    ``segment_replaced``, and for out-of-line result payloads (``afterword.app.payloads``)
     ``payload_missing``, ``payload_size``.
     """
 

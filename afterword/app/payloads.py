@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .continuations.model import INLINE_PAYLOAD_MAX, Continuation
-from .store.evidence import EvidenceError
+from ..continuations.model import INLINE_PAYLOAD_MAX, Continuation
+from ..store.evidence import EvidenceError
 
 PAYLOADS_DIR = "payloads"  # the payload blob store's directory (the service opens it there)
 
