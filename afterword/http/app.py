@@ -20,10 +20,9 @@ from ..protocol.wire import (
     ClaimRequest,
     DetachedClaimRequest,
     LivezBody,
-    ResolveRequest,
     ResultRequest,
-    RetryRequest,
 )
+from . import verb_routes as verbs
 from .messages import bearer as _bearer
 from .messages import decode_json as decode_json
 from .messages import decode_request as _decode
@@ -196,14 +195,12 @@ def create_app(service: ContinuationService) -> Quart:
     @app.post(paths.route(paths.RETRY))
     async def op_retry(cid: str) -> Response:
         _operator()
-        data = await _body(MAX_CLAIM_BODY)
-        req = _decode(RetryRequest, data) if data else RetryRequest()
-        return json_response(await service.retry_continuation(cid, allow_unknown=req.allow_unknown))
+        return await verbs.retry(service, cid)
 
     @app.post(paths.route(paths.CANCEL))
     async def op_cancel(cid: str) -> Response:
         _operator()
-        return json_response(await service.cancel_continuation(cid))
+        return await verbs.cancel(service, cid)
 
     @app.post(paths.route(paths.ACKNOWLEDGE))
     async def op_acknowledge(cid: str) -> Response:
@@ -213,12 +210,7 @@ def create_app(service: ContinuationService) -> Quart:
     @app.post(paths.route(paths.RESOLVE))
     async def op_resolve(cid: str) -> Response:
         _operator()
-        req = _decode(ResolveRequest, await _body(MAX_CLAIM_BODY))
-        return json_response(
-            await service.resolve_continuation_delivery(
-                cid, {"kind": req.kind, "delivery_id": req.delivery_id}
-            )
-        )
+        return await verbs.resolve(service, cid)
 
     @app.get(paths.METRICS)
     async def op_metrics() -> Response:

@@ -19,7 +19,7 @@ from ..continuations.errors import TooLarge
 from ..continuations.rules import MAX_CLAIM_BODY
 from ..protocol import paths
 from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
-from ..protocol.wire import ResolveRequest, RetryRequest
+from . import verb_routes as verbs
 from .messages import bearer as _bearer
 from .messages import decode_request as _decode
 from .messages import json_response, query_int
@@ -123,21 +123,14 @@ def add_host_routes(app: Quart, service: ContinuationService) -> None:
     @app.post(paths.route(paths.HOST_RETRY))
     async def host_retry(cid: str) -> Response:
         _host()
-        data = await _body(MAX_CLAIM_BODY)
-        req = _decode(RetryRequest, data) if data else RetryRequest()
-        return json_response(await service.retry_continuation(cid, allow_unknown=req.allow_unknown))
+        return await verbs.retry(service, cid)
 
     @app.post(paths.route(paths.HOST_CANCEL))
     async def host_cancel(cid: str) -> Response:
         _host()
-        return json_response(await service.cancel_continuation(cid))
+        return await verbs.cancel(service, cid)
 
     @app.post(paths.route(paths.HOST_RESOLVE))
     async def host_resolve(cid: str) -> Response:
         _host()
-        req = _decode(ResolveRequest, await _body(MAX_CLAIM_BODY))
-        return json_response(
-            await service.resolve_continuation_delivery(
-                cid, {"kind": req.kind, "delivery_id": req.delivery_id}
-            )
-        )
+        return await verbs.resolve(service, cid)
