@@ -22,6 +22,7 @@ waiters; a failed fdatasync is never retried (the root is poisoned by ``write_ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -87,10 +88,9 @@ class LogWriter:
                 self._write(items)
             except BaseException as exc:  # handed to the waiting leader, never swallowed
                 error = exc
-            try:
+            # A closed loop raises RuntimeError: its committers are gone, nobody waits any more.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, done, error)
-            except RuntimeError:
-                pass  # the loop is gone: nobody waits any more
 
 
 def _on_asyncio() -> bool:
