@@ -22,7 +22,11 @@ Scenarios, each measured side by side in one run on the same disk:
   finalizes (snapshot blob) and activates the run, then the producer submits the result.
 
 Figures are printed, never asserted: a continuation/s rate over the whole batch (first
-request to last outbox line) and result-to-delivery latency percentiles.
+request to last outbox line), result-to-delivery latency percentiles, and the server process's
+CPU time per continuation (``cpu ms/c``: utime + stime of its pid from ``/proc/PID/stat``, read
+just before the batch's first request and after its last outbox line, divided by the
+continuations; for ``bare``, per two requests). That CPU figure is the one to compare before and
+after a change on a shared machine, where wall-clock rates move with other load.
 """
 
 from __future__ import annotations
@@ -67,10 +71,35 @@ class Figure:
     n: int
     seconds: float
     latencies_ms: list[float] = field(default_factory=list)
+    # CPU seconds (user + system) the server process spent over the measured batch, or None.
+    cpu_seconds: float | None = None
 
     @property
     def rate(self) -> float:
         return self.n / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_ms(self) -> float | None:
+        """The server's CPU milliseconds per continuation (for bare: per two requests)."""
+        if self.cpu_seconds is None or self.n <= 0:
+            return None
+        return self.cpu_seconds * 1000 / self.n
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (utime + stime of /proc/PID/stat).
+
+    CPU time rather than wall time is what a before/after comparison of the server's own cost
+    needs on a shared machine: other load stretches the wall clock but not the process's CPU.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # The command name (field 2) may hold spaces; the fields after its closing ')' start at 3.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def free_port() -> int:
@@ -241,9 +270,13 @@ async def bench_bare(producers: int, n: int) -> Figure:
                 await conn.request("POST", "/echo", {"n": i})
 
         await run_producers(producers, port, WARMUP, one)
+        assert proc.pid is not None
+        cpu_began = process_cpu_seconds(proc.pid)
         began = time.perf_counter()
         await run_producers(producers, port, n, one)
-        return Figure("bare (2 req)", producers, n, time.perf_counter() - began)
+        seconds = time.perf_counter() - began
+        cpu = process_cpu_seconds(proc.pid) - cpu_began
+        return Figure("bare (2 req)", producers, n, seconds, cpu_seconds=cpu)
     finally:
         proc.terminate()
         proc.join(10)
@@ -315,16 +348,18 @@ async def bench_detached(base: str, producers: int, n: int) -> Figure:
             while count_lines() < WARMUP:
                 await anyio.sleep(0.01)
             put_at.clear()
+            cpu_began = process_cpu_seconds(proc.pid)
             began = time.perf_counter()
             await run_producers(producers, config["port"], n, make("run"))
             while count_lines() < WARMUP + n:
                 await anyio.sleep(0.005)
             seconds = time.perf_counter() - began
+            cpu = process_cpu_seconds(proc.pid) - cpu_began
             lines = [json.loads(line) for line in outbox.read_text().splitlines()[WARMUP:]]
             latencies = sorted(
                 ms_of(line["deliveredAt"]) - put_at[line["deliveryKey"].split(":")[0]] for line in lines
             )
-            return Figure("detached (serve)", producers, n, seconds, latencies)
+            return Figure("detached (serve)", producers, n, seconds, latencies, cpu)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -420,15 +455,26 @@ def ratios(figures: list[Figure]) -> list[dict[str, Any]]:
 def report(figures: list[Figure], rss: RssFigure | None = None) -> None:
     print(
         f"{'scenario':<24} {'producers':>9} {'n':>6} {'seconds':>8} {'cont/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'cpu ms/c':>9}"
     )
     for f in figures:
         lat = f.latencies_ms
         p50 = f"{percentile(lat, 50):8.1f}" if lat else f"{'-':>8}"
         p99 = f"{percentile(lat, 99):8.1f}" if lat else f"{'-':>8}"
-        print(f"{f.scenario:<24} {f.producers:>9} {f.n:>6} {f.seconds:>8.2f} {f.rate:>8.1f} {p50} {p99}")
+        cpu = f"{f.cpu_ms:9.3f}" if f.cpu_ms is not None else f"{'-':>9}"
+        print(f"{f.scenario:<24} {f.producers:>9} {f.n:>6} {f.seconds:>8.2f} {f.rate:>8.1f} {p50} {p99} {cpu}")
+    print("cpu ms/c: the server process's user+system CPU per continuation (bare: per two requests)")
     for r in ratios(figures):
         what = "the bare ceiling" if r["against"] == "bare" else "DBOS Transact's rate"
         print(f"{r['scenario']} with {r['producers']} producer(s): {r['ratio']:.0%} of {what}")
+    bare_cpu = {f.producers: f.cpu_ms for f in figures if f.scenario.startswith("bare")}
+    for f in figures:
+        base = bare_cpu.get(f.producers)
+        if f.cpu_ms is not None and base and not f.scenario.startswith("bare"):
+            print(
+                f"{f.scenario} with {f.producers} producer(s): {f.cpu_ms:.3f} ms server CPU per continuation, "
+                f"{f.cpu_ms / base:.1f}x the bare endpoint's per two requests"
+            )
     if rss is not None:
         print(
             f"serve RSS with {rss.active:,} active + {rss.tombstones:,} tombstones: {rss.rss_mib:.1f} MiB "
@@ -451,6 +497,8 @@ def to_json(
                 "rate": f.rate,
                 "p50_ms": percentile(lat, 50) if lat else None,
                 "p99_ms": percentile(lat, 99) if lat else None,
+                "cpu_seconds": f.cpu_seconds,
+                "cpu_ms_per_continuation": f.cpu_ms,
             }
         )
     return {

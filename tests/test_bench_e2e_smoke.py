@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e import Figure, ratios
+from bench.e2e import Figure, process_cpu_seconds, ratios
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,6 +36,18 @@ def test_ratios_pair_each_scenario_with_the_bare_ceiling_at_its_producer_count()
         ("detached (serve)", 1, "dbos"): 2.0,
         ("detached (serve)", 32, "dbos"): 4.0,
     }
+
+
+def test_process_cpu_seconds_reads_this_process_and_never_goes_back() -> None:
+    first = process_cpu_seconds(os.getpid())
+    sum(i * i for i in range(200_000))  # some CPU, so the counter has something to count
+    second = process_cpu_seconds(os.getpid())
+    assert 0 <= first <= second
+
+
+def test_cpu_per_continuation_is_the_server_cpu_divided_by_the_batch() -> None:
+    assert Figure("detached (serve)", 32, 200, 1.0, cpu_seconds=0.5).cpu_ms == 2.5
+    assert Figure("dbos (64 in flight)", 64, 200, 1.0).cpu_ms is None
 
 
 @pytest.mark.slow
@@ -60,6 +72,8 @@ def test_e2e_small_run_reports_every_scenario(tmp_path: Path) -> None:
     assert {"bare (2 req)", "detached (serve)"} <= rows.keys()
     assert all(r["rate"] > 0 for r in data["rows"])
     assert rows["detached (serve)"]["p50_ms"] is not None
+    for scenario in ("bare (2 req)", "detached (serve)"):  # the server's CPU per continuation
+        assert rows[scenario]["cpu_ms_per_continuation"] > 0
     assert any(r["against"] == "bare" and r["producers"] == 1 for r in data["ratios"])
     if importlib.util.find_spec("dbos") is not None:
         assert "dbos (64 in flight)" in rows, data["errors"]
