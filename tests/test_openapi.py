@@ -4,6 +4,8 @@ route the app registers, and every status it documents is one the service really
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,16 @@ def test_the_shipped_document_is_the_generated_one() -> None:
     assert doc["openapi"].startswith("3.1")
     # Bodies come from the wire Structs: a field of ClaimResponse is in the document.
     assert "resultToken" in doc["components"]["schemas"]["ClaimResponse"]["properties"]
+
+
+def test_the_generator_runs_clean_as_a_module() -> None:
+    """``python -m afterword.http.openapi`` under ``-W error``: no warning on stderr (runpy
+    warns when the package's own import already loaded the module it is about to run)."""
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "afterword.http.openapi"], capture_output=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stderr == b"", done.stderr.decode()
+    assert done.stdout == SHIPPED.read_bytes()
 
 
 async def test_every_registered_route_is_documented_and_served(tmp_path: Path) -> None:
