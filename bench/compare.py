@@ -86,7 +86,7 @@ class Row:
     ratio_to_sqlite: float | None = None
 
 
-def _cases(profile: Profile, fixtures: dict[str, str]) -> list[Case]:
+def all_cases(profile: Profile, fixtures: dict[str, str]) -> list[Case]:
     s = profile.seconds
     cases = [
         Case(LIMIT, LIMIT_PREALLOC, "commit", 1, partial(w.limit_prealloc, seconds=s)),
@@ -121,7 +121,7 @@ def _cases(profile: Profile, fixtures: dict[str, str]) -> list[Case]:
     return cases
 
 
-def _build_fixtures(profile: Profile, root: str, say: Callable[[str], None]) -> dict[str, str]:
+def build_fixtures(profile: Profile, root: str, say: Callable[[str], None]) -> dict[str, str]:
     fixtures = {
         "open-store": os.path.join(root, "open-store"),
         "open-sqlite": os.path.join(root, "open.sqlite"),
@@ -302,23 +302,31 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def measure(cases: Sequence[Case], reps: int, base: str, say: Callable[[str], None]) -> list[Row]:
+    """Every case once per repetition, the order rotating between repetitions; median rows.
+
+    The cases must include the preallocated limit (every commit row's ``x limit``).
+    """
+    samples: dict[int, list[w.Sample]] = {i: [] for i in range(len(cases))}
+    for rep in range(reps):
+        shift = rep * len(cases) // reps
+        order = list(range(len(cases)))
+        order = order[shift:] + order[:shift]
+        for i in order:
+            gc.collect()
+            with scratch_dir(base) as workdir:
+                samples[i].append(cases[i].run(workdir))
+        say(f"repetition {rep + 1}/{reps} done")
+    rows = [_summarize(case, samples[i]) for i, case in enumerate(cases)]
+    _ratios(rows)
+    return rows
+
+
 def run(profile: Profile, base: str, say: Callable[[str], None]) -> tuple[list[Row], dict[str, object]]:
     began = time.time()
     with scratch_dir(base, prefix="afterword-fixtures-") as fixture_root:
-        fixtures = _build_fixtures(profile, fixture_root, say)
-        cases = _cases(profile, fixtures)
-        samples: dict[int, list[w.Sample]] = {i: [] for i in range(len(cases))}
-        for rep in range(profile.reps):
-            shift = rep * len(cases) // profile.reps
-            order = list(range(len(cases)))
-            order = order[shift:] + order[:shift]
-            for i in order:
-                gc.collect()
-                with scratch_dir(base) as workdir:
-                    samples[i].append(cases[i].run(workdir))
-            say(f"repetition {rep + 1}/{profile.reps} done")
-    rows = [_summarize(case, samples[i]) for i, case in enumerate(cases)]
-    _ratios(rows)
+        fixtures = build_fixtures(profile, fixture_root, say)
+        rows = measure(all_cases(profile, fixtures), profile.reps, base, say)
     meta: dict[str, object] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)),
         "duration_s": round(time.time() - began, 1),
