@@ -21,6 +21,7 @@ from test_openapi import Seen
 import afterword
 from afterword.app.hostruns import host_runs
 from afterword.app.leases import check_interval_s, lapsed, lease_state
+from afterword.app.runs import CLAIM_CAPABILITY_TTL_MS
 from afterword.cli import main as cli_main
 from afterword.clients.operator import read_host_token, read_operator_token
 from afterword.config import ConfigError
@@ -202,7 +203,87 @@ async def test_a_lapse_that_fails_does_not_stop_the_others(tmp_path: Path) -> No
         assert (runs.get("bad").state, runs.get("good").state) == ("open", "abandoned")
 
 
+# -- the cap on open runs --------------------------------------------------------------------
+async def test_open_runs_are_capped_and_slots_free_on_settlement_and_lapse(tmp_path: Path) -> None:
+    clock = Clock()
+    async with serving(tmp_path, clock=clock, limits={"maxOpenRuns": 2, "runLeaseMs": LEASE_MS}) as h:
+        api = Api(h)
+        runs = host_runs(h.service)
+        await api.begin("r1")
+        await api.begin("r2")
+        refused = await api.post("/runs", {"runId": "r3", "conversationId": CONV, "replyTo": REPLY})
+        msg = assert_error(refused, 429, "admission_limit")
+        assert "maxOpenRuns" in msg
+        # Retry-After: when the first open lease would lapse (the whole lease here).
+        assert int(refused.headers["Retry-After"]) == LEASE_MS // 1000
+        assert (await api.get("/runs/r3")).status_code == 404  # nothing was bound
+        # An identical repeat of an open run is not a new run: it succeeds at the cap.
+        assert (await api.begin("r1"))["state"] == "open"
+        # Abandoning frees a slot, and so does activating.
+        assert (await api.post("/runs/r1/abandon")).status_code == 200
+        await api.begin("r3")
+        assert_error(await api.post("/runs", {"runId": "r4", "conversationId": CONV, "replyTo": REPLY}), 429, "admission_limit")
+        assert (await api.post("/runs/r2/activate")).status_code == 200
+        await api.begin("r4")
+        assert runs.open_count == 2
+        # A lapse frees slots even before the lease loop gets to it: begin applies it first.
+        clock.offset_ms += LEASE_MS + 1
+        await api.begin("r5")
+        for gone in ("r3", "r4"):
+            body = (await api.get(f"/runs/{gone}")).json()
+            assert (body["state"], body["abandonReason"]) == ("abandoned", "lease_lapsed")
+        assert runs.open_count == 1
+        # Settled runs are remembered up to the same count, the oldest settled forgotten first.
+        assert (await api.get("/runs/r1")).status_code == 404
+        assert (await api.get("/runs/r2")).status_code == 404
+        assert len(repr(runs)) and "open=1/2" in repr(runs)
+
+
+async def test_concurrent_begins_never_exceed_the_cap(tmp_path: Path) -> None:
+    async with serving(tmp_path, limits={"maxOpenRuns": 5}) as h:
+        api = Api(h)
+        statuses: list[int] = []
+
+        async def one(i: int) -> None:
+            resp = await api.post("/runs", {"runId": f"c{i}", "conversationId": CONV, "replyTo": REPLY})
+            statuses.append(resp.status_code)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(one, i)
+        assert sorted(statuses) == [200] * 5 + [429] * 15
+        assert host_runs(h.service).open_count == 5
+
+
+async def test_an_embedded_host_that_never_closes_does_not_grow_the_registry(tmp_path: Path) -> None:
+    """The in-process handle: bindings dropped without close() are forgotten once their
+    capabilities expire, at the next begin_run (before, only close() forgot any)."""
+    clock = Clock()
+    async with serving(tmp_path, clock=clock) as h:
+        registry = h.service.runs.capabilities
+        for i in range(50):
+            h.service.begin_run(f"dropped-{i}", CONV, REPLY)
+        assert len(registry) == 50
+        clock.offset_ms += CLAIM_CAPABILITY_TTL_MS + 1
+        kept = h.service.begin_run("kept", CONV, REPLY)
+        assert len(registry) == 1
+        # The live one still claims.
+        token = kept.stdio_env(SERVER)["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"]
+        assert (await h.claim(token, "t-kept")).status_code == 200
+
+
 # -- configuration and CLI -------------------------------------------------------------------
+def test_max_open_runs_setting_is_validated(tmp_path: Path) -> None:
+    assert afterword.load_config(write_config(tmp_path), environ=ENV).limits.max_open_runs == 1000
+    for value in (0, -3):
+        path = write_config(tmp_path, continuations={"limits": {"maxOpenRuns": value}})
+        with pytest.raises(ConfigError) as caught:
+            afterword.load_config(path, environ=ENV)
+        assert str(caught.value).startswith("continuations.limits.maxOpenRuns: must be a positive integer")
+    path = write_config(tmp_path, continuations={"limits": {"maxOpenRuns": 7}})
+    assert afterword.load_config(path, environ=ENV).limits.max_open_runs == 7
+
+
 def test_run_lease_setting_is_validated(tmp_path: Path) -> None:
     for value, problem in ((0, "positive integer"), (3_600_001, "at most 3600000")):
         path = write_config(tmp_path, continuations={"limits": {"runLeaseMs": value}})
@@ -251,7 +332,7 @@ async def test_host_token_is_written_owner_only_and_never_printed(
 
 # -- the document ----------------------------------------------------------------------------
 async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None:
-    async with serving(tmp_path, limits={"bodyTimeoutMs": 300}) as h:
+    async with serving(tmp_path, limits={"bodyTimeoutMs": 300, "maxOpenRuns": 1}) as h:
         s = Seen(h)
         api = Api(h)
         host, js = api.auth, {"Content-Type": "application/json"}
@@ -264,6 +345,7 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         begin = {"runId": "run-1", "conversationId": CONV, "replyTo": REPLY}
         run = (await s.send("post", rp, 200, json=begin, headers=host)).json()
         await s.send("post", rp, 409, json={**begin, "replyTo": "x:y"}, headers=host)
+        await s.send("post", rp, 429, json={**begin, "runId": "run-over"}, headers=host)
         await s.send("post", rp, 413, content=big, headers={**host, **js})
         await s.trickle("POST", rp, {**host, **js})
         for verb in ("heartbeat", "close", "finalize", "activate", "abandon"):

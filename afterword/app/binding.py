@@ -68,10 +68,18 @@ class IssuedCapability:
 
 
 class CapabilityRegistry:
-    """The claim capabilities issued and not yet expired, by capability id."""
+    """The claim capabilities issued and not yet expired, by capability id.
+
+    Every capability lives the same fixed time from its issue, so insertion order is expiry
+    order and forgetting the expired ones only looks at the oldest: cheap enough to run at
+    every issue, which keeps a host that never closes its runs from growing this forever.
+    """
 
     def __init__(self) -> None:
         self._caps: dict[str, IssuedCapability] = {}
+
+    def __len__(self) -> int:
+        return len(self._caps)
 
     def add(self, cap: IssuedCapability) -> None:
         self._caps[cap.capability_id] = cap
@@ -81,7 +89,12 @@ class CapabilityRegistry:
 
     def forget_expired(self, now_ms: int) -> None:
         """Closed capabilities stay until they expire, to answer lost-response repeats."""
-        for cap_id in [k for k, c in self._caps.items() if c.expires_at_ms < now_ms]:
+        while self._caps:
+            cap_id, cap = next(iter(self._caps.items()))
+            if cap.expires_at_ms >= now_ms:
+                # A clock stepped back may leave a later expiry in front; what it hides
+                # expires at the latest one lifetime after this one.
+                return
             del self._caps[cap_id]
 
 

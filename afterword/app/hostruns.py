@@ -9,11 +9,17 @@ the lease.
 A run is remembered for as long as the process lives, and for ``SETTLED_MEMORY_MS`` after it
 settled (so a host that lost a response can repeat its call). A restarted service forgets
 every run; its recovery abandons what was never activated, as for an embedded host.
+
+Memory is bounded by ``continuations.limits.maxOpenRuns``: at most that many runs are open
+(begun, not yet activated or abandoned) at once, and at most that many settled runs are
+remembered, the oldest settled forgotten first. A hostile or broken host can therefore hold
+no more than twice the limit, however fast it begins runs.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..continuations.errors import Closed, Conflict, InvalidRequest, NotFound
+from ..continuations.errors import AdmissionLimit, Closed, Conflict, InvalidRequest, NotFound
 from ..continuations.rules import format_ms
 from ..protocol.host import AbandonReason, RunBody, RunState, ServerBinding
 from .leases import lapsed, lease_loop, lease_state
@@ -33,6 +39,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("afterword.host")
 
 SETTLED_MEMORY_MS = 60 * 60 * 1000  # as long as a closed claim capability answers repeats
+
+
+class OpenRunsLimit(AdmissionLimit):
+    """``continuations.limits.maxOpenRuns`` runs are open: no new run until one settles or
+    lapses (HTTP 429 ``admission_limit``, with ``Retry-After``)."""
+
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        super().__init__(
+            f"{limit} host runs are open (continuations.limits.maxOpenRuns): activate or abandon "
+            "one, or let its lease lapse, before beginning another"
+        )
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -60,34 +78,65 @@ class HostRuns:
     def __init__(self, service: ContinuationService) -> None:
         self._service = service
         self.lease_ms = service.config.limits.run_lease_ms
+        self.max_open = service.config.limits.max_open_runs
         self._runs: dict[str, HostRun] = {}
+        self._open = 0  # runs in _runs that are not settled
+        self._settled: dict[str, None] = {}  # settled run ids, oldest settlement first
 
     def __repr__(self) -> str:
-        open_ = sum(1 for r in self._runs.values() if not r.settled)
-        return f"<HostRuns open={open_} remembered={len(self._runs)} lease_ms={self.lease_ms}>"
+        return (
+            f"<HostRuns open={self._open}/{self.max_open} remembered={len(self._runs)} "
+            f"lease_ms={self.lease_ms}>"
+        )
+
+    @property
+    def open_count(self) -> int:
+        return self._open
 
     def _now(self) -> int:
         return self._service.clock_ms()
 
-    def begin(self, run_id: str, conversation_id: str, reply_to: str | None, mode: str) -> HostRun:
+    async def begin(self, run_id: str, conversation_id: str, reply_to: str | None, mode: str) -> HostRun:
         """Bind a run; an identical repeat returns the same binding (and renews its lease),
-        the same run id with a different binding is a conflict."""
+        the same run id with a different binding is a conflict. A new run beyond
+        ``maxOpenRuns`` open ones raises :class:`OpenRunsLimit` (a repeat never does)."""
         if "/" in run_id or run_id in (".", ".."):
             # Every later call names the run in one URL path segment; such an id could never
             # be finalized or activated, only left to lapse.
             raise InvalidRequest("runId must fit one URL path segment: no '/', and not '.' or '..'")
         run = self._runs.get(run_id)
         if run is not None:
-            if not run.same_binding(conversation_id, reply_to, mode):
-                raise Conflict("this run id was already begun with a different binding")
-            if not run.settled:
-                run.lease_expires_at_ms = self._now() + self.lease_ms
-            return run
+            return self._repeat(run, conversation_id, reply_to, mode)
+        if self._open >= self.max_open:
+            # Lapses the loop has not applied yet free their slots first.
+            await self.expire_lapsed()
+            run = self._runs.get(run_id)
+            if run is not None:  # begun by a concurrent call while we waited
+                return self._repeat(run, conversation_id, reply_to, mode)
+            if self._open >= self.max_open:
+                raise OpenRunsLimit(self.max_open, self._retry_after_s())
         binding = self._service.begin_run(run_id, conversation_id, reply_to, mode)
         run = HostRun(binding=binding, lease_expires_at_ms=self._now() + self.lease_ms)
         self._runs[run_id] = run
+        self._open += 1
         log.info("host run %s begun (%d server(s))", run_id, len(binding.servers))
         return run
+
+    def _repeat(self, run: HostRun, conversation_id: str, reply_to: str | None, mode: str) -> HostRun:
+        if not run.same_binding(conversation_id, reply_to, mode):
+            raise Conflict("this run id was already begun with a different binding")
+        if not run.settled:
+            run.lease_expires_at_ms = self._now() + self.lease_ms
+        return run
+
+    def _retry_after_s(self) -> int:
+        """Seconds until the first open lease would lapse if its host stopped calling: the
+        earliest a slot can free without a host settling a run."""
+        first = min(
+            (r.lease_expires_at_ms for r in self._runs.values() if not r.settled),
+            default=self._now() + self.lease_ms,
+        )
+        return max(1, math.ceil((first - self._now()) / 1000))
 
     def get(self, run_id: str) -> HostRun:
         run = self._runs.get(run_id)
@@ -151,9 +200,18 @@ class HostRuns:
         return run
 
     def _settle(self, run: HostRun, state: RunState, reason: AbandonReason | None = None) -> None:
+        if not run.settled:
+            self._open -= 1
         run.state = state
         run.abandon_reason = reason
         run.settled_at_ms = self._now()
+        run_id = run.binding.run_id
+        self._settled.pop(run_id, None)
+        self._settled[run_id] = None
+        while len(self._settled) > self.max_open:
+            oldest = next(iter(self._settled))
+            del self._settled[oldest]
+            self._runs.pop(oldest, None)
 
     async def _lapse(self, run: HostRun) -> None:
         async with run.lock:
@@ -189,6 +247,7 @@ class HostRuns:
             if r.settled_at_ms is not None and now - r.settled_at_ms > SETTLED_MEMORY_MS
         ]:
             del self._runs[run_id]
+            self._settled.pop(run_id, None)
         return done
 
     async def run(self) -> None:

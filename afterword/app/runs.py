@@ -74,6 +74,9 @@ class Runs:
             raise InvalidRequest(f"mode {mode} needs the physical reply route")
         caps: dict[str, IssuedCapability] = {}
         now = self.ledger.clock_ms()
+        # Forgotten here as well as at close: an embedded host that drops bindings without
+        # closing them must not grow the registry for as long as the process lives.
+        self.capabilities.forget_expired(now)
         for server in self.config.continuation_servers:
             cap_id = base64.urlsafe_b64encode(self.token_bytes(18)).decode().rstrip("=")
             cap = IssuedCapability(

@@ -128,6 +128,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     body_timeout_ms: int = 10_000
     # A run bound over the host API is abandoned when its host stops calling for this long.
     run_lease_ms: int = 60_000
+    # Runs begun over the host API and not yet settled (activated or abandoned), at once.
+    max_open_runs: int = 1_000
 
 
 class Retention(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,7 @@ class RawLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename=
     max_connections: int = _LIMIT_DEFAULTS.max_connections
     body_timeout_ms: int = _LIMIT_DEFAULTS.body_timeout_ms
     run_lease_ms: int = _LIMIT_DEFAULTS.run_lease_ms
+    max_open_runs: int = _LIMIT_DEFAULTS.max_open_runs
 
 
 class RawRetention(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):

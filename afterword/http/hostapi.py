@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from quart import Quart, Response, request
 from quart.wrappers import Request
 
-from ..app.hostruns import host_runs
+from ..app.hostruns import OpenRunsLimit, host_runs
 from ..blobs import BlobQuotaExceeded, BlobTooLarge
 from ..continuations.errors import TooLarge
 from ..continuations.rules import MAX_CLAIM_BODY
@@ -22,7 +22,7 @@ from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
 from . import verb_routes as verbs
 from .messages import bearer as _bearer
 from .messages import decode_request as _decode
-from .messages import json_response, query_int
+from .messages import error_response, json_response, query_int
 from .messages import read_body as _body
 from .ui.routes import FORM_LIMIT
 
@@ -58,11 +58,17 @@ def add_host_routes(app: Quart, service: ContinuationService) -> None:
     def _host() -> None:
         service.verify_host(_bearer())
 
+    @app.errorhandler(OpenRunsLimit)
+    async def _open_runs_limit(exc: OpenRunsLimit) -> Response:
+        response = error_response(exc.status, exc.code, str(exc))
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
+
     @app.post(paths.HOST_RUNS)
     async def host_begin_run() -> Response:
         _host()
         req = _decode(BeginRunRequest, await _body(MAX_CLAIM_BODY))
-        run = runs.begin(req.run_id, req.conversation_id, req.reply_to, req.mode)
+        run = await runs.begin(req.run_id, req.conversation_id, req.reply_to, req.mode)
         return json_response(runs.body(run))
 
     @app.get(paths.route(paths.HOST_RUN))

@@ -40,7 +40,8 @@ ERRORS = {
     409: "conflict: contradicts what was already accepted, or the state does not allow it",
     410: "closed: the capability, continuation or run no longer accepts this",
     413: "too_large: the body exceeds this route's limit, or the origin snapshot its quota",
-    429: "admission_limit: too many active continuations",
+    429: "admission_limit: too many active continuations (claims), or too many open runs "
+    "(beginRun, with Retry-After)",
 }
 
 
@@ -244,7 +245,7 @@ HOST_OPERATIONS: tuple[Operation, ...] = (
         _HOST,
         BeginRunRequest,
         RunBody,
-        (400, 401, 408, 409, 413),
+        (400, 401, 408, 409, 413, 429),
     ),
     Operation(
         "get",
