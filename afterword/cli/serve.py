@@ -5,16 +5,15 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import time
 
 import anyio
 import msgspec
 
 from ..app.runtime import open_service
 from ..config import Config, OutboxChannelConfig, missing_detached_tokens
-from ..continuations.model import Continuation
 from ..http.server import ServeError
 from ..worker.channels import OutboxChannel
+from .statelog import StateChangeLog
 
 _line = msgspec.json.Encoder()
 
@@ -45,48 +44,34 @@ def log_handler() -> logging.Handler:
     return handler
 
 
-def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
-    """One structured log line per state change: ids and states only (no token, payload or text)."""
-    event = {
-        "ts": round(time.time(), 3),
-        "event": "continuation",
-        "id": new.id,
-        "from": old.state if old is not None else None,
-        "to": new.state,
-        "origin": new.origin_context,
-        "mode": new.claim.mode,
-        "server": new.claim.server_name,
-        # Delivery attempts across operator retries, as status and `list` report them.
-        "attempts": {
-            "synthesis": new.attempts.synthesis,
-            "delivery": new.delivery_attempts_before + new.attempts.delivery,
-        },
-        "error": new.last_error.code if new.last_error else None,
-    }
-    return _line.encode(event) + b"\n"
-
-
-def log_change(old: Continuation | None, new: Continuation) -> None:
-    if old is None or old.state != new.state or old.origin_context != new.origin_context:
-        sys.stderr.buffer.write(state_change_line(old, new))
-        sys.stderr.flush()
-
-
 async def serve(config: Config, outbox: str | None = None) -> int:
     root = logging.getLogger("afterword")
     root.setLevel(logging.WARNING)
+    changes = StateChangeLog()
     handler = log_handler()
     root.addHandler(handler)
+    # Every log line, ours or another library's, first writes the state changes before it.
+    flushed = [handler, *logging.getLogger().handlers]
+    for h in flushed:
+        h.addFilter(changes.filter)
     # Not also through the CLI's plain root handler, which would print the raw message.
     propagate, root.propagate = root.propagate, False
     try:
-        return await _serve(config, outbox)
+        return await _serve(config, outbox, changes)
     finally:
+        changes.flush()  # stopped, failed or cancelled: no collected line is lost
+        for h in flushed:
+            h.removeFilter(changes.filter)
         root.removeHandler(handler)
         root.propagate = propagate
 
 
-async def _serve(config: Config, outbox: str | None) -> int:
+def _say(changes: StateChangeLog, text: str) -> None:
+    changes.flush()  # the state changes so far come first
+    sys.stderr.write(text)
+
+
+async def _serve(config: Config, outbox: str | None, changes: StateChangeLog) -> int:
     channels = None
     if outbox is not None:
         channels = {
@@ -94,8 +79,8 @@ async def _serve(config: Config, outbox: str | None) -> int:
         }
     try:
         # The log is attached before recovery runs: its changes are state changes too.
-        async with open_service(config, channels=channels or None, on_change=[log_change]):
-            sys.stderr.write(f"afterword serving on {config.base_url} (state {config.state_dir})\n")
+        async with open_service(config, channels=channels or None, on_change=[changes]):
+            _say(changes, f"afterword serving on {config.base_url} (state {config.state_dir})\n")
             for detached in missing_detached_tokens(config):
                 sys.stderr.write(
                     f"afterword: detached service {detached.name!r} cannot claim until {detached.token_env} "
@@ -105,10 +90,10 @@ async def _serve(config: Config, outbox: str | None) -> int:
             sys.stderr.flush()
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    sys.stderr.write(f"afterword: {signal.Signals(signum).name}, shutting down\n")
+                    _say(changes, f"afterword: {signal.Signals(signum).name}, shutting down\n")
                     break
     except ServeError as exc:
-        sys.stderr.write(f"afterword: {exc}\n")
+        _say(changes, f"afterword: {exc}\n")
         return 1
-    sys.stderr.write("afterword: stopped\n")
+    _say(changes, "afterword: stopped\n")
     return 0
