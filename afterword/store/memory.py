@@ -18,12 +18,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-import xxhash
-
 from ..wal.frame import Frame
 from .catalog import CatalogEntry
 from .codec import Op, RecordImage, decode_tx
-from .evidence import Digest, ReplayCheck, entry_hash
+from .evidence import Digest, ReplayCheck
+from .replay import replay_last_images
 from .types import Record, Watcher
 
 log = logging.getLogger("afterword.store")
@@ -142,81 +141,22 @@ class CommittedState:
             self._notify(op.key, old, new)
 
     def replay(self, frames: Iterable[Frame], check: ReplayCheck) -> None:
-        """Apply the log's transactions at open, carrying ``check`` along: for each frame,
-        exactly ``check.op`` for each operation, then :meth:`apply`.
+        """Apply the log's transactions at open (``frames`` in increasing lsn order, as the
+        log gives them), carrying ``check`` along: the result is exactly that of
+        ``check.op`` for each operation followed by :meth:`apply` for each frame.
 
-        The same loop fused, because replay is per-operation Python work: each ``(key,
-        version)`` is hashed once (the check and the digest hash the same pairs, and an
-        operation's ``prior`` is the version an earlier one added), and the digests' sums are
-        kept as plain integers and folded in once (addition modulo 2**128 commutes, so the
-        values are the ones the step-by-step path gives).
+        With no watcher to tell about each change, only each key's last operation shapes
+        the state, so ``replay.py`` builds one record per key and hashes only what does not
+        cancel out. Watchers (none at open) get every change through the step-by-step path.
         """
-        h = xxhash.xxh3_128_intdigest
-        hashed: dict[str, tuple[int, int]] = {}  # key -> (version, entry hash) hashed last
-        records, dirty_add, blob_refs = self.records, self.dirty.add, self.blob_refs
-        expected, newer = check.expected, check.newer
-        added = removed = n_added = n_removed = 0  # this state's digest
-        e_added = e_removed = e_n_added = e_n_removed = 0  # the MANIFEST's, carried forward
-        try:
-            for _offset, lsn, _batch, payload, _end in frames:
-                for op in decode_tx(payload).ops:
-                    key, value, prior = op.key, op.value, op.prior
-                    hn = hp = 0
-                    if value is not None:
-                        hn = h(key.encode() + b"\0" + lsn.to_bytes(8, "little"))
-                    if prior:
-                        last = hashed.get(key)
-                        hp = last[1] if last is not None and last[0] == prior else entry_hash(key, prior)
-                    # -- check.op
-                    if expected is not None:
-                        if prior:
-                            e_removed += hp
-                            e_n_removed += 1
-                        if value is not None:
-                            e_added += hn
-                            e_n_added += 1
-                    if value is not None and newer:
-                        newer.discard((key, lsn))
-                    # -- apply
-                    old = records.get(key)
-                    if old is None and self.unread and self._forget_unread(key, lsn):
-                        continue
-                    if old is not None and old.lsn >= lsn:
-                        continue  # replay of an older after-image: idempotent skip
-                    if value is None:
-                        if old is None:
-                            dirty_add(key)
-                            continue
-                        del records[key]
-                        new = None
-                    else:
-                        new = RecordImage(key, lsn, value, op.blobs)
-                        records[key] = new
-                        added += hn
-                        n_added += 1
-                        if new.blobs:
-                            blob_refs.update(new.blobs)
-                    if old is not None:
-                        if old.lsn == prior:
-                            removed += hp
-                        else:
-                            last = hashed.get(key)
-                            removed += last[1] if last is not None and last[0] == old.lsn else entry_hash(key, old.lsn)
-                        n_removed += 1
-                        if old.blobs:
-                            blob_refs.subtract(old.blobs)
-                            for d in old.blobs:
-                                if blob_refs[d] <= 0:
-                                    del blob_refs[d]
-                    if value is not None:
-                        hashed[key] = (lsn, hn)
-                    dirty_add(key)
-                    if self.watchers:
-                        self._notify(key, old, new)
-        finally:
-            self.digest.merge(Digest(added - removed, n_added - n_removed))
-            if expected is not None:
-                expected.merge(Digest(e_added - e_removed, e_n_added - e_n_removed))
+        if not self.watchers:
+            replay_last_images(frames, check, self.records, self.unread, self.dirty, self.blob_refs, self.digest)
+            return
+        for frame in frames:
+            ops = decode_tx(frame.payload).ops
+            for op in ops:
+                check.op(frame.lsn, op.key, op.value is not None, op.prior)
+            self.apply(frame.lsn, ops)
 
     def _forget_unread(self, key: str, lsn: int) -> bool:
         """Drop an unread record that transaction ``lsn`` replaces; True if ``lsn`` is older

@@ -141,6 +141,7 @@ def read_run(
     hasher = xxhash.xxh3_64(seed=salt)
     reset, update, digest = hasher.reset, hasher.update, hasher.intdigest
     append = out.append
+    new = tuple.__new__  # a NamedTuple's own constructor is a Python-level call per frame
     while offset + FRAME_HEADER_SIZE <= size:
         found, length, lsn, batch_start, check = unpack(data, offset)
         start = offset + FRAME_HEADER_SIZE
@@ -153,7 +154,7 @@ def read_run(
         if digest() != check:
             break
         nxt = start + ((length + ALIGN - 1) & ~(ALIGN - 1))
-        append(Frame(offset, lsn, batch_start, data[start:end], nxt))
+        append(new(Frame, (offset, lsn, batch_start, data[start:end], nxt)))
         offset = nxt
         expect += 1
     return offset, expect
