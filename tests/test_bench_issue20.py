@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,19 @@ def test_markdown_links_each_missed_row_to_its_evidence() -> None:
     missed = [r for r in rows if r.met is False]
     assert missed and all(f"]({r.see})" in text for r in missed if r.see)
     assert "`python -m bench.issue20 --quick`" in text and "load average 1.00 before, 2.00 after" in text
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces to '-'."""
+    return "#" + re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_each_evidence_pointer_names_a_heading_of_the_performance_doc() -> None:
+    doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    anchors = {_anchor(line.lstrip("#")) for line in doc.splitlines() if line.startswith("#")}
+    assert _anchor("How the leader gets a batch written (`WalOptions.commit_mode`)") == issue20.WAL_EVIDENCE
+    pointers = {r.see for r in issue20.issue_rows(synthetic_store(), synthetic_e2e()) if r.see}
+    assert pointers and pointers <= anchors, pointers - anchors
 
 
 @pytest.mark.slow
