@@ -63,7 +63,7 @@ class Browserless:
 async def sign_in(client: httpx.AsyncClient, service: ContinuationService) -> Browserless:
     client.cookies.clear()
     r = await client.get(await mint_login(client, service))
-    assert r.status_code == 303, r.text
+    assert r.status_code == 200 and "set-cookie" in r.headers, r.text
     cookie = r.headers["set-cookie"].split(";", 1)[0]
     client.cookies.clear()  # every request below names its session itself
     return Browserless(client, service.base_url, cookie)

@@ -17,6 +17,7 @@ from fakes.harness import make_config, running
 
 from afterword.cli.main import main as cli_main
 from afterword.continuations.model import Claim, Continuation, Receipt, ResultRecord
+from afterword.disk.scratch import remove_private_scratch
 from afterword.http.ui.activity import MINUTE_MS, MINUTES, ActivityRing, percentile
 from afterword.http.ui.chart import HEIGHT, chart_rows
 
@@ -102,7 +103,15 @@ async def test_the_cli_prints_or_opens_a_one_time_login(
 ) -> None:
     config, env = make_config(tmp_path)
     opened: list[str] = []
-    monkeypatch.setattr("afterword.cli.ui.webbrowser.open", lambda url: opened.append(url) or True)
+    cleanups: list[tuple[str, float]] = []
+
+    def browser(uri: str) -> bool:
+        # what a browser would read, at the moment it is started
+        opened.append(Path(uri.removeprefix("file://")).read_text())
+        return True
+
+    monkeypatch.setattr("webbrowser.open", browser)
+    monkeypatch.setattr("afterword.cli.loginpage._spawn_cleaner", lambda *a: cleanups.append(a))
     async with running(config, env, channels={"*": NeverConfirms()}, clock=Clock()) as h:
         argv = ["continuations", "ui", "--config", str(config.config_path)]
         assert await anyio.to_thread.run_sync(cli_main, argv) == 0
@@ -112,11 +121,14 @@ async def test_the_cli_prints_or_opens_a_one_time_login(
         assert h.service.operator_token() not in out.out + out.err
         assert await anyio.to_thread.run_sync(cli_main, [*argv, "--open", "--json"]) == 0
         body: dict[str, Any] = json.loads(capsys.readouterr().out)
-        assert set(body) == {"loginUrl", "expiresAt"} and opened == [body["loginUrl"]]
+        # the browser got a file that forwards to the link (tests/test_ui_open.py has more)
+        assert set(body) == {"loginUrl", "expiresAt"} and len(opened) == 1
+        assert f'content="0;url={body["loginUrl"]}"' in opened[0] and len(cleanups) == 1
+        remove_private_scratch(cleanups[0][0])  # the cleaner this test did not start
         async with httpx.AsyncClient(trust_env=False) as client:
             # each printed link works once
             for link in (url, body["loginUrl"]):
-                assert (await client.get(link)).status_code == 303
+                assert (await client.get(link)).status_code == 200
                 assert (await client.get(link)).status_code == 401
             ui = await sign_in(client, h.service)
             page = await ui.get("/ui/")

@@ -25,7 +25,9 @@ import pytest
 from _cli import FakeWebhook, Server, cli, served, write_operator_config
 from _service import load
 
+from afterword.cli.loginpage import login_page
 from afterword.clients.operator import read_operator_token
+from afterword.disk.scratch import private_scratch_file, remove_private_scratch
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -153,7 +155,7 @@ def test_operator_walks_through_the_page_in_chromium(
     seen_html: list[str] = []
 
     page.goto(url)
-    assert page.url == server.base + "/ui/"  # redirected, the token is gone from the bar
+    page.wait_for_url(server.base + "/ui/")  # moved on, the token is gone from the bar
     seen_html.append(page.content())
     assert page.locator("#health-status").inner_text() == "unhealthy"
     assert page.locator('.cause[data-code="delivery_unknown"]').count() == 1
@@ -234,7 +236,7 @@ def test_reading_works_with_javascript_off(world: tuple[Server, dict[str, Any]],
     page = context.new_page()
     url = login_url(server)
     page.goto(url)
-    assert page.url == server.base + "/ui/"
+    page.wait_for_url(server.base + "/ui/")  # the refresh needs no script
     assert page.locator("#health-status").inner_text() in ("unhealthy", "degraded")
     assert page.locator("tr.item").count() == 50
     assert not page.locator("#live-toggle").is_visible()  # nothing scripted happened
@@ -249,6 +251,24 @@ def test_reading_works_with_javascript_off(world: tuple[Server, dict[str, Any]],
     assert response is not None and response.status == 401
     assert "afterword continuations ui" in again.content()
     assert again.context.cookies() == []
+
+
+def test_the_forwarding_file_of_open_signs_the_browser_in(
+    world: tuple[Server, dict[str, Any]], chromium: Any
+) -> None:
+    """`ui --open` hands the browser a local file that forwards to the link (test_ui_open.py):
+    a navigation begun from a file, which browsers treat as cross-site, so the login must
+    still leave the browser signed in despite the SameSite=Strict cookie."""
+    server, _ = world
+    path = private_scratch_file("login.html", login_page(login_url(server)), prefix="afterword-ui-test-")
+    try:
+        page = chromium.new_context().new_page()
+        page.goto(Path(path).as_uri())
+        page.wait_for_url(server.base + "/ui/")
+        assert page.locator("#health-status").inner_text(timeout=10_000) in ("unhealthy", "degraded")
+        assert page.context.cookies()[0]["sameSite"] == "Strict"
+    finally:
+        remove_private_scratch(path)
 
 
 def test_a_missing_browser_skips_locally_but_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import webbrowser
 from typing import Any
 
+from ..continuations.rules import parse_deadline_format
+from ..disk import DiskError
 from .common import operator_client, print_json
+from .loginpage import open_login_link
 
 _DESCRIPTION = (
     "Print a login link for the status page that `afterword serve` shows under /ui. The link "
@@ -33,9 +35,22 @@ def cmd_ui(args: argparse.Namespace) -> int:
     else:
         print(body.login_url)
         print(f"valid once, until {body.expires_at}", file=sys.stderr)
-    if args.open and not webbrowser.open(body.login_url):
-        print("afterword: no browser could be started; open the link above yourself", file=sys.stderr)
+    if args.open:
+        _open(body.login_url, parse_deadline_format(body.expires_at))
     return 0
+
+
+def _open(url: str, expires_at_ms: int) -> None:
+    """Through a private forwarding file: the link never reaches a command line (loginpage)."""
+    try:
+        opened = open_login_link(url, expires_at_ms)
+    except (OSError, DiskError) as exc:
+        # The error names the temporary directory at most, never the link.
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        print(f"afterword: cannot write the login page ({reason}); open the link above yourself", file=sys.stderr)
+        return
+    if not opened:
+        print("afterword: no browser could be started; open the link above yourself", file=sys.stderr)
 
 
 def add_ui_parser(csub: Any, common: Any) -> None:
@@ -43,5 +58,10 @@ def add_ui_parser(csub: Any, common: Any) -> None:
         "ui", help="print (or --open) a one-time login link to the status page", description=_DESCRIPTION
     )
     common(p)
-    p.add_argument("--open", action="store_true", help="also open the link in the default browser")
+    p.add_argument(
+        "--open",
+        action="store_true",
+        help="also open the link in the default browser (through a private file that forwards "
+        "to it, so the link is never on a command line)",
+    )
     p.set_defaults(func=cmd_ui)

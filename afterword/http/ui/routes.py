@@ -120,7 +120,13 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
                 "this login link has expired or was already used: run `afterword continuations ui` for a new one"
             )
         sid, found = redeemed
-        response = redirect(url_for("ui.index"), 303)
+        # A page that moves on by itself, not a redirect. A link opened from anywhere else
+        # (the forwarding file of `ui --open`, a chat, a mail) starts a cross-site navigation,
+        # and browsers withhold a SameSite=Strict cookie from every redirect within it; the
+        # refresh is a new navigation started by this page, so the cookie goes along.
+        response = Response(
+            await render_template("signed-in.html"), status=200, content_type="text/html; charset=utf-8"
+        )
         response.set_cookie(
             COOKIE,
             sid,
@@ -129,7 +135,7 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
             httponly=True,
             samesite="Strict",
         )
-        return response  # type: ignore[return-value]
+        return response
 
     @bp.post("/logout")
     async def logout() -> Response:
