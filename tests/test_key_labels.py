@@ -30,6 +30,7 @@ EXPECTED = {
     "OPERATOR_CURSOR": b"operator-cursor",
     "BLOB_BINDING": b"blob-binding",
     "HOST": b"host",
+    "STATUS_PAGE": b"status-page",
 }
 
 

@@ -18,6 +18,7 @@ from fakes.producer import wait_state
 
 from afterword import ContinuationService
 from afterword.continuations.capabilities import result_token
+from afterword.http.ui import status_page
 from afterword.http.ui.auth import LOGIN_TTL_MS, SESSION_TTL_MS
 from afterword.http.ui.routes import CSP
 from afterword.protocol.wire import DetachedClaimRequest
@@ -106,7 +107,7 @@ async def test_only_the_operator_capability_mints_a_login(tmp_path: Path) -> Non
         r = await client.post(url, headers={"Authorization": "Bearer " + metrics_token(metrics)})
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
         # and no page answers without a session, nor with a made-up one
-        for cookie in (None, "afterword_ui=made-up"):
+        for cookie in (None, status_page(svc).auth.cookie + "=made-up"):
             headers = {"Cookie": cookie} if cookie else {}
             r = await client.get(svc.base_url + "/ui/", headers=headers)
             assert r.status_code == 401 and r.headers["content-type"].startswith("text/html")

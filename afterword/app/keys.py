@@ -34,6 +34,7 @@ LABELS: dict[str, Purpose] = {
     "host": labels.HOST,
     "claim_mac": labels.CLAIM_BINDING,
     "cursor": labels.OPERATOR_CURSOR,
+    "status_page": labels.STATUS_PAGE,
 }
 
 
@@ -49,6 +50,7 @@ class ServiceKeys:
     host: bytes = field(repr=False)
     claim_mac: bytes = field(repr=False)
     cursor: bytes = field(repr=False)
+    status_page: bytes = field(repr=False)
 
     @classmethod
     def derive(cls, secret: bytes) -> ServiceKeys:

@@ -24,6 +24,7 @@ __all__ = [
     "OPERATOR_CURSOR",
     "PURPOSES",
     "RESULT_TOKENS",
+    "STATUS_PAGE",
     "Purpose",
     "derive_key",
 ]
@@ -38,6 +39,7 @@ Purpose = Literal[
     "operator-cursor",
     "blob-binding",
     "host",
+    "status-page",
 ]
 PURPOSES: Final[tuple[Purpose, ...]] = get_args(Purpose)
 
@@ -50,6 +52,7 @@ CLAIM_BINDING: Final = "claim-binding"  # the MAC over a claim's immutable metad
 OPERATOR_CURSOR: Final = "operator-cursor"  # the MAC on operator list cursors
 BLOB_BINDING: Final = "blob-binding"  # the MAC binding a snapshot blob's digest to its claim
 HOST: Final = "host"  # the host capability (/v1/host/, a host in another process)
+STATUS_PAGE: Final = "status-page"  # this state directory's tag in the status page's cookie name
 
 
 def derive_key(secret: bytes, purpose: Purpose) -> bytes:

@@ -16,7 +16,7 @@ from ...app.service import ContinuationService
 from ...continuations.rules import format_ms
 from ...protocol.wire import UiLoginBody
 from .activity import ActivityRing
-from .auth import UiAuth
+from .auth import UiAuth, cookie_name
 from .routes import build_blueprint
 
 __all__ = ["StatusPage", "install_ui"]
@@ -26,7 +26,7 @@ class StatusPage:
     def __init__(self, service: ContinuationService) -> None:
         # No reference to the service itself: it is the key of the weak map below.
         self.base_url = service.base_url
-        self.auth = UiAuth(service.clock_ms)
+        self.auth = UiAuth(service.clock_ms, cookie=cookie_name(service.keys.status_page))
         self.activity = ActivityRing(service.clock_ms)
         service.on_change.append(self.activity.observe)
 

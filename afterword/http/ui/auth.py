@@ -12,6 +12,7 @@ Time comes from the service's clock, so tests can move it.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
@@ -21,7 +22,19 @@ LOGIN_TTL_MS = 60_000
 SESSION_TTL_MS = 8 * 60 * 60 * 1000
 MAX_PENDING_LOGINS = 64
 MAX_SESSIONS = 64
-COOKIE = "afterword_ui"
+COOKIE = "afterword_ui"  # the prefix; each state directory adds its own tag (cookie_name)
+
+
+def cookie_name(key: bytes) -> str:
+    """The session cookie's name for one state directory, from its status-page key.
+
+    Browsers keep one cookie jar per host name, whatever the port, so two services on
+    ``127.0.0.1`` sharing one name would overwrite each other's session at every sign-in. A
+    tag derived from the state secret gives each its own cookie, and the same one across
+    restarts (so a new sign-in replaces the last rather than piling up). The tag is an HMAC
+    output, not the key: it reveals nothing that mints or checks anything.
+    """
+    return f"{COOKIE}_{hmac.new(key, b'session-cookie-name', hashlib.sha256).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -40,8 +53,10 @@ class UiAuth:
         token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
         login_ttl_ms: int = LOGIN_TTL_MS,
         session_ttl_ms: int = SESSION_TTL_MS,
+        cookie: str = COOKIE,
     ) -> None:
         self._clock = clock_ms
+        self.cookie = cookie
         self._token = token
         self.login_ttl_ms = login_ttl_ms
         self.session_ttl_ms = session_ttl_ms

@@ -19,7 +19,7 @@ from ...continuations.errors import ContinuationError, Forbidden, InvalidRequest
 from ...continuations.model import STATES
 from ...continuations.rules import format_ms
 from .activity import ActivityRing
-from .auth import COOKIE, Session, UiAuth
+from .auth import Session, UiAuth
 from .chart import BAR_W, HEIGHT, WIDTH, chart_rows
 from .verbs import UNSAFE_RETRY_WARNING, VERBS, verbs_for
 
@@ -66,9 +66,10 @@ def _filters() -> dict[str, str]:
 def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRing) -> Blueprint:
     bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates", static_folder="static")
     origins = {service.base_url, f"http://localhost:{service.config.port}"}
+    cookie = auth.cookie  # this state directory's own name (auth.cookie_name)
 
     def session() -> tuple[str, Session]:
-        sid = request.cookies.get(COOKIE)
+        sid = request.cookies.get(cookie)
         found = auth.session(sid)
         if sid is None or found is None:
             raise NotSignedIn("sign in with a login link from `afterword continuations ui`")
@@ -102,7 +103,7 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
 
     @bp.errorhandler(ContinuationError)
     async def _error(exc: ContinuationError) -> Response:
-        signed_in = auth.session(request.cookies.get(COOKIE)) is not None
+        signed_in = auth.session(request.cookies.get(cookie)) is not None
         html = await render_template(
             "error.html",
             status=exc.status,
@@ -128,7 +129,7 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
             await render_template("signed-in.html"), status=200, content_type="text/html; charset=utf-8"
         )
         response.set_cookie(
-            COOKIE,
+            cookie,
             sid,
             max_age=max(1, (found.expires_at_ms - service.clock_ms()) // 1000),
             path="/ui",
@@ -143,7 +144,7 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
         check_post(found, await _form())
         auth.end(sid)
         response = redirect(url_for("ui.signed_out"), 303)
-        response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="Strict")
+        response.delete_cookie(cookie, path="/ui", httponly=True, samesite="Strict")
         return response  # type: ignore[return-value]
 
     @bp.get("/signed-out")
