@@ -11,41 +11,22 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, RequestHeaderFieldsTooLarge
 
 from ..app.service import ContinuationService
-from ..continuations.errors import ContinuationError, InvalidRequest, Unauthorized
-from ..continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
+from ..continuations.errors import ContinuationError, InvalidRequest
+from ..continuations.rules import MAX_RESULT_BODY
 from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
 from ..protocol import paths
-from ..protocol.headers import SERVICE_NAME_HEADER
-from ..protocol.wire import (
-    ClaimRequest,
-    DetachedClaimRequest,
-    LivezBody,
-    ResultRequest,
-)
+from ..protocol.wire import LivezBody
+from . import producer
 from . import verb_routes as verbs
+from .messages import QUART_REQUEST, answer, json_response, query_int
 from .messages import bearer as _bearer
 from .messages import decode_json as decode_json
-from .messages import decode_request as _decode
-from .messages import error_response, json_response, query_int
-from .messages import read_body as _body
 from .openapi import openapi_bytes
 from .ui import install_ui
+from .wirebody import STORAGE_RETRY_AFTER_S as STORAGE_RETRY_AFTER_S
+from .wirebody import domain_error, http_error, storage_error, unexpected_error
 
 log = logging.getLogger("afterword.http")
-_HTTP_CODES = {
-    400: "invalid_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "invalid_request",
-    408: "timeout",
-    409: "conflict",
-    410: "closed",
-    413: "too_large",
-    414: "too_large",
-    429: "admission_limit",
-    431: "too_large",
-}
 
 
 def allowed_hosts(host: str, port: int) -> frozenset[str]:
@@ -60,7 +41,8 @@ def allowed_hosts(host: str, port: int) -> frozenset[str]:
     return frozenset(names | {f"{name}:{port}" for name in names})
 
 
-STORAGE_RETRY_AFTER_S = 5
+# Quart's own cap on any body (the routes' limits are lower); past it Quart answers 413.
+MAX_CONTENT_LENGTH = MAX_RESULT_BODY + 4096
 # The request line and headers together. h11 enforces this only on a head that arrives over
 # several reads; one that fits a single 64 KiB read is checked here.
 MAX_REQUEST_HEAD = 16 * 1024
@@ -76,7 +58,7 @@ def request_head_size(scope: Mapping[str, Any]) -> int:
 def create_app(service: ContinuationService) -> Quart:
     """Build the HTTP facade for ``service`` (served on loopback only by ``serve``)."""
     app = Quart("afterword.http", root_path=os.path.dirname(os.path.abspath(__file__)))
-    app.config["MAX_CONTENT_LENGTH"] = MAX_RESULT_BODY + 4096
+    app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     # A request body must arrive in full within this long of the handler asking for it.
     app.config["BODY_TIMEOUT"] = service.config.limits.body_timeout_ms / 1000
@@ -92,38 +74,22 @@ def create_app(service: ContinuationService) -> Quart:
 
     @app.errorhandler(ContinuationError)
     async def _domain_error(exc: ContinuationError) -> Response:
-        return error_response(exc.status, exc.code, str(exc))
+        return answer(domain_error(exc))
 
     @app.errorhandler(StorageFullError)
     @app.errorhandler(DiskFailedError)
     @app.errorhandler(DurabilityError)
     async def _storage_error(exc: DiskError) -> Response:
-        # Out of space before anything was written: the store stays writable and a retry
-        # succeeds once space is freed. Any other disk failure needs a restart first.
-        if isinstance(exc, StorageFullError):
-            response = error_response(
-                503, "storage_full", "the state directory's file system is full; retry later"
-            )
-            response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
-            return response
-        problem = service.store.storage_problem()
-        code = problem[0] if problem is not None else "disk_failed"
-        log.error("storage failure handling %s: %s", request.method, type(exc).__name__)
-        return error_response(
-            503, code, "the service cannot write its state; an operator must fix the disk and restart it"
-        )
+        return answer(storage_error(exc, service, request.method))
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        return error_response(status, _HTTP_CODES.get(status, "internal"), exc.name)
+        return answer(http_error(exc))
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:
-        # The rule, not the raw path: a path is attacker-chosen text.
         rule = request.url_rule.rule if request.url_rule is not None else "?"
-        log.error("unexpected error handling %s %s: %s", request.method, rule, type(exc).__name__)
-        return error_response(500, "internal", "internal error")
+        return answer(unexpected_error(exc, request.method, rule))
 
     @app.get(paths.LIVEZ)
     async def livez() -> Response:
@@ -131,34 +97,22 @@ def create_app(service: ContinuationService) -> Quart:
         # (no counts, no version, no state), so a probe needs no capability.
         return json_response(LivezBody(status="up"))
 
+    # The hot producer routes: their work is in producer.py, shared with the ASGI fast path.
     @app.post(paths.CLAIM)
     async def claim() -> Response:
-        token = _bearer()
-        service.authenticate_claim(token)  # from headers: no body is read for a stranger
-        req = _decode(ClaimRequest, await _body(MAX_CLAIM_BODY))
-        return json_response(await service.claim(token, req))
+        return json_response(await producer.claim(service, QUART_REQUEST))
 
     @app.post(paths.DETACHED_CLAIM)
     async def detached_claim() -> Response:
-        token = _bearer()
-        name = request.headers.get(SERVICE_NAME_HEADER, "")
-        if not name:
-            raise Unauthorized(f"{SERVICE_NAME_HEADER} is required")
-        service.authenticate_detached(name, token)
-        req = _decode(DetachedClaimRequest, await _body(MAX_CLAIM_BODY))
-        return json_response(await service.detached_claim(name, token, req))
+        return json_response(await producer.detached_claim(service, QUART_REQUEST))
 
     @app.route(paths.route(paths.RESULT), methods=["PUT", "POST"])
     async def result(cid: str) -> Response:
-        token = _bearer()
-        service.authenticate_result(cid, token)
-        data = await _body(MAX_RESULT_BODY)
-        req = _decode(ResultRequest, data)
-        return json_response(await service.submit_result(cid, token, req, len(data)))
+        return json_response(await producer.result(service, QUART_REQUEST, cid))
 
     @app.get(paths.route(paths.STATUS))
     async def status(cid: str) -> Response:
-        return json_response(service.status(cid, _bearer()))
+        return json_response(producer.status(service, QUART_REQUEST, cid))
 
     # -- operator API (authenticated by the restart-stable operator capability) ----------------
     def _operator() -> None:

@@ -1,86 +1,87 @@
-"""Reading a request and writing a JSON answer: the helpers every route module shares (the
-continuation API in ``app.py``, the host API in ``hostapi.py``), so neither imports the other's.
+"""Reading a request and writing a JSON answer inside Quart: the helpers every route module
+shares (the continuation API in ``app.py``, the host API in ``hostapi.py``), so neither imports
+the other's. The rules themselves live in ``wirebody.py``, shared with the ASGI fast path.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import msgspec
 from quart import Response, request
 
-from ..continuations.errors import InvalidRequest, TooLarge, Unauthorized
-from ..protocol.wire import (
-    ClaimRequest,
-    DetachedClaimRequest,
-    ErrorBody,
-    ErrorDetail,
-    ResolveRequest,
-    ResultRequest,
-    RetryRequest,
+from ..continuations.errors import InvalidRequest
+from .wirebody import (
+    JSON,
+    ErrorAnswer,
+    bearer_token,
+    check_declared_length,
+    check_read_length,
+    decode_typed,
+    encoder,
 )
-from .strictjson import check_body
+from .wirebody import decode_json as decode_json
+from .wirebody import envelope as _envelope
 
-__all__ = ["bearer", "decode_json", "decode_request", "error_response", "json_response", "query_int", "read_body"]
+__all__ = [
+    "QUART_REQUEST",
+    "answer",
+    "bearer",
+    "decode_json",
+    "decode_request",
+    "error_response",
+    "json_response",
+    "query_int",
+    "read_body",
+]
 
 T = TypeVar("T")
-_encoder = msgspec.json.Encoder()
-_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {
-    t: msgspec.json.Decoder(t)
-    for t in (ClaimRequest, DetachedClaimRequest, ResultRequest, ResolveRequest, RetryRequest)
-}
 
 
 def json_response(body: object, status: int = 200) -> Response:
-    return Response(_encoder.encode(body), status=status, content_type="application/json")
+    return Response(encoder.encode(body), status=status, content_type=JSON)
+
+
+def answer(error: ErrorAnswer) -> Response:
+    """The Quart response of an error answer (its extra headers after the content headers)."""
+    response = Response(error.body, status=error.status, content_type=JSON)
+    for name, value in error.headers:
+        response.headers[name] = value
+    return response
 
 
 def error_response(status: int, code: str, message: str) -> Response:
-    return json_response(ErrorBody(error=ErrorDetail(code=code, message=message)), status)
+    return answer(_envelope(status, code, message))
 
 
 def bearer() -> str:
     """The token of the request's ``Authorization: Bearer`` header."""
-    value = request.headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("an Authorization: Bearer credential is required")
-    return token.strip()
+    return bearer_token(request.headers.get("Authorization", ""))
 
 
 async def read_body(limit: int) -> bytes:
     """The request body, refused past ``limit`` bytes (before reading when it says so)."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise TooLarge(f"request body exceeds {limit} bytes")
+    check_declared_length(request.content_length, limit)
     raw = await request.get_data(cache=False)
-    data = raw if isinstance(raw, bytes) else raw.encode()
-    if len(data) > limit:
-        raise TooLarge(f"request body exceeds {limit} bytes")
-    return data
+    return check_read_length(raw if isinstance(raw, bytes) else raw.encode(), limit)
 
 
 def decode_request(kind: type[T], data: bytes) -> T:
     """A JSON request body (its Content-Type checked) of wire type ``kind``."""
-    ctype = request.headers.get("Content-Type", "")
-    if ctype.split(";")[0].strip().lower() != "application/json":
-        raise InvalidRequest("Content-Type must be application/json")
-    return decode_json(kind, data)
+    return decode_typed(kind, request.headers.get("Content-Type", ""), data)
 
 
-def decode_json(kind: type[T], data: bytes) -> T:
-    """A request body of wire type ``kind``; any defect is :class:`InvalidRequest`."""
-    check_body(data)
-    decoder = _decoders.get(kind)
-    if decoder is None:  # a body type of another route module: built once, on first use
-        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
-    try:
-        return decoder.decode(data)  # type: ignore[no-any-return]
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid body: {exc}") from None
-    except (msgspec.DecodeError, RecursionError):
-        raise InvalidRequest("body is not valid JSON") from None
+class _QuartIncoming:
+    """The current Quart request as ``producer.Incoming``."""
+
+    def header(self, name: str) -> str:
+        return request.headers.get(name, "")
+
+    async def body(self, limit: int) -> bytes:
+        return await read_body(limit)
+
+
+QUART_REQUEST = _QuartIncoming()
 
 
 _ASCII_DIGITS = re.compile(r"[0-9]{1,9}")

@@ -18,7 +18,8 @@ from hypercorn.config import Config as HypercornConfig
 from ..app.service import ContinuationService
 from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
-from .app import MAX_REQUEST_HEAD, create_app
+from .app import MAX_REQUEST_HEAD
+from .fastpath import create_asgi_app
 from .listener import AcceptLoop, connection_cap, serve_socket
 
 log = logging.getLogger("afterword.http")
@@ -43,6 +44,20 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(512)
     sock.set_inheritable(True)
     return sock
+
+
+def hypercorn_config(sock: socket.socket) -> HypercornConfig:
+    """hypercorn's settings for serving on the bound ``sock``."""
+    hc = HypercornConfig()
+    hc.bind = [f"fd://{sock.fileno()}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("afterword.hypercorn")
+    hc.graceful_timeout = 5.0
+    hc.keep_alive_timeout = 30.0
+    # Bounded per connection: the request head, and how much hypercorn queues for the app.
+    hc.h11_max_incomplete_size = MAX_REQUEST_HEAD
+    hc.max_app_queue_size = 10
+    return hc
 
 
 class HttpServer:
@@ -70,16 +85,11 @@ class HttpServer:
     async def start(self, tg: TaskGroup) -> None:
         self.bind()
         assert self._sock is not None
-        hc = HypercornConfig()
-        hc.bind = [f"fd://{self._sock.fileno()}"]
-        hc.accesslog = None
-        hc.errorlog = logging.getLogger("afterword.hypercorn")
-        hc.graceful_timeout = 5.0
-        hc.keep_alive_timeout = 30.0
-        # Bounded per connection: the request head, and how much hypercorn queues for the app.
-        hc.h11_max_incomplete_size = MAX_REQUEST_HEAD
-        hc.max_app_queue_size = 10
-        app = create_app(self.service)
+        hc = hypercorn_config(self._sock)
+        try:
+            app = create_asgi_app(self.service)
+        except ValueError as exc:  # a bad AFTERWORD_HTTP_FASTPATH value
+            raise ServeError(str(exc)) from None
         tg.start_soon(self._run, app, hc)
         log.info("serving on %s", self.service.base_url)
 
