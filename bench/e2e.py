@@ -303,7 +303,11 @@ class LineCounter:
         return self.lines
 
 
-async def bench_detached(base: str, producers: int, n: int) -> Figure:
+FASTPATH_ENV = "AFTERWORD_HTTP_FASTPATH"
+
+
+async def bench_detached(base: str, producers: int, n: int, fastpath: bool | None = None) -> Figure:
+    """``fastpath`` None: serve's default; True/False: the ASGI fast path on/off (named in the row)."""
     with scratch_dir(base) as scratch:
         root = Path(scratch)
         config_path = write_config(root)
@@ -311,6 +315,8 @@ async def bench_detached(base: str, producers: int, n: int) -> Figure:
         outbox = root / "outbox.jsonl"
         count_lines = LineCounter(outbox)
         env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(REPO)}
+        if fastpath is not None:
+            env[FASTPATH_ENV] = "1" if fastpath else "0"
         proc = subprocess.Popen(
             [sys.executable, "-m", "afterword.cli", "serve", "--config", str(config_path)],
             env=env,
@@ -359,7 +365,10 @@ async def bench_detached(base: str, producers: int, n: int) -> Figure:
             latencies = sorted(
                 ms_of(line["deliveredAt"]) - put_at[line["deliveryKey"].split(":")[0]] for line in lines
             )
-            return Figure("detached (serve)", producers, n, seconds, latencies, cpu)
+            name = "detached (serve)"
+            if fastpath is not None:
+                name = f"detached (fast path {'on' if fastpath else 'off'})"
+            return Figure(name, producers, n, seconds, latencies, cpu)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -548,8 +557,17 @@ async def main(args: argparse.Namespace) -> None:
         for scenario in args.scenarios:
             if scenario == "bare":
                 figures.append(await bench_bare(producers, n))
+            elif scenario == "detached" and args.fastpath == "both":
+                # Both settings in this run, alternating which goes first at each producer count.
+                order = (False, True) if args.producers.index(producers) % 2 == 0 else (True, False)
+                for setting in order:
+                    figures.append(await bench_detached(base, producers, n, setting))
+                    f = figures[-1]
+                    print(f"  {f.scenario}, {producers} producer(s): {f.rate:.1f} continuations/s", flush=True)
+                continue
             elif scenario == "detached":
-                figures.append(await bench_detached(base, producers, n))
+                setting = None if args.fastpath == "default" else args.fastpath == "on"
+                figures.append(await bench_detached(base, producers, n, setting))
             elif scenario == "interactive":
                 figures.append(await bench_interactive(base, producers, n))
             else:
@@ -584,6 +602,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=["bare", "detached", "interactive"],
         choices=["bare", "detached", "interactive", "dbos", "rss"],
         help="dbos: the DBOS Transact peer (the bench extra); rss: serve's memory with many records",
+    )
+    parser.add_argument(
+        "--fastpath",
+        choices=["default", "on", "off", "both"],
+        default="default",
+        help="serve's raw ASGI fast path (AFTERWORD_HTTP_FASTPATH) for detached; both: each, in this run",
     )
     parser.add_argument("--dbos-inflight", type=int, default=64, help="DBOS workflows in flight")
     parser.add_argument("--rss-active", type=int, default=10_000, help="active continuations for rss")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,7 +31,7 @@ from test_http_protocol import Harness, serving
 from afterword.continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from afterword.disk import DurabilityError, StorageFullError
 from afterword.http.app import create_app
-from afterword.http.fastpath import ENV_SWITCH, FastPath, create_asgi_app, match, switch_on
+from afterword.http.fastpath import DEFAULT_ON, ENV_SWITCH, FastPath, create_asgi_app, match, switch_on
 from afterword.http.listener import serve_socket
 from afterword.http.server import hypercorn_config
 
@@ -563,3 +564,13 @@ async def test_serve_assembles_what_the_switch_says(tmp_path: Path, monkeypatch:
         assert not isinstance(built(h.service), FastPath)
         monkeypatch.setenv(ENV_SWITCH, "1")
         assert isinstance(built(h.service), FastPath)
+
+
+def test_ci_runs_the_http_suite_with_the_other_setting() -> None:
+    """.ci/run repeats the HTTP tests with the switch opposite to the default, so both front
+    doors pass them; flipping the default without flipping that run would test one door twice."""
+    ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
+    settings = re.findall(
+        rf"^{ENV_SWITCH}=([01]) python -m pytest .*tests/test_http_\*\.py", ci, re.MULTILINE
+    )
+    assert settings == ["0" if DEFAULT_ON else "1"], settings

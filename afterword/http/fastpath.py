@@ -35,6 +35,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTim
 
 from ..continuations.errors import ContinuationError
 from ..disk import DiskFailedError, DurabilityError, StorageFullError
+from ..errors import AfterwordError
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
 from . import producer
@@ -60,11 +61,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ENV_SWITCH = "AFTERWORD_HTTP_FASTPATH"
-DEFAULT_ON = False
+DEFAULT_ON = True
 
 _CLAIM, _DETACHED, _RESULT, _STATUS = "claim", "detached", "result", "status"
-_PREFIX = "/v1/continuations/"
-_RESULT_SUFFIX = "/result"
+_PREFIX = paths.STATUS.removesuffix("{cid}")
+_RESULT_SUFFIX = paths.RESULT.removeprefix(paths.STATUS)
 # Ids that are also a static segment under the prefix: Quart's router decides those.
 _RESERVED_IDS = frozenset({"claim", "detached"})
 # The rule Quart would name in a log line for each route.
@@ -85,7 +86,7 @@ _WANTED = {
 _JSON_HEADER = (b"content-type", b"application/json")
 
 
-class _Disconnected(Exception):
+class _Disconnected(AfterwordError):
     """The client went away before its body arrived: nothing is answered."""
 
 
