@@ -49,7 +49,7 @@ class Health:
         try:
             report = assess(
                 self.repo.live(),
-                self.repo.tombstones(),
+                self.repo.tombstone_summaries(),
                 id_limit=HEALTH_ID_LIMIT,
                 config_path=self.config.config_path,
             )

@@ -89,7 +89,10 @@ class Maintenance:
         plan done and the next pass finishes it. Returns (compacted, dropped, blobs swept).
         """
         plan = plan_retention(
-            self.repo.live(), self.repo.tombstones(), self.ledger.clock_ms(), retention_limits(self.config.retention)
+            self.repo.live(),
+            self.repo.tombstone_summaries(),  # planned from summaries: no tombstone file is read
+            self.ledger.clock_ms(),
+            retention_limits(self.config.retention),
         )
         dropped_set = set(plan.drop)
         compacted = dropped = 0
@@ -111,7 +114,7 @@ class Maintenance:
                     await self.store.transact(mutations, expect=expect)
                     compacted += sum(1 for m in mutations if isinstance(m, Delete))
         for i in range(0, len(plan.drop), RETENTION_BATCH):
-            batch = [cid for cid in plan.drop[i : i + RETENTION_BATCH] if self.repo.tombstone(cid) is not None]
+            batch = [cid for cid in plan.drop[i : i + RETENTION_BATCH] if self.repo.has_tombstone(cid)]
             if batch:
                 await self.store.transact([Delete(TOMB + cid) for cid in batch])
                 dropped += len(batch)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from ..config import Config
 from ..continuations import lifecycle
 from ..continuations.errors import Conflict, InvalidRequest, NotFound
-from ..continuations.model import STATES, Continuation, Tombstone, encode
+from ..continuations.model import STATES, Continuation, Tombstone, TombstoneSummary, encode
 from ..protocol.views import detail_body, list_item, status_body
 from ..protocol.wire import DetailBody, ListResponse, StatusBody
 from ..store import Put
@@ -97,11 +97,14 @@ class Operator:
             raise InvalidRequest("state must be one of " + ", ".join(STATES))
         after = decode_cursor(self.cursor_key, cursor) if cursor else None
 
-        def keep(rec: Continuation | Tombstone) -> bool:
+        def keep(rec: Continuation | TombstoneSummary) -> bool:
+            # A tombstone is filtered by its summary, so a filtered page reads only the
+            # tombstones it returns.
+            names = rec.claim if isinstance(rec, Continuation) else rec
             return (
                 (state is None or rec.state == state)
-                and (server is None or rec.claim.server_name == server)
-                and (route is None or rec.claim.route == route)
+                and (server is None or names.server_name == server)
+                and (route is None or names.route == route)
             )
 
         filtered = state is not None or server is not None or route is not None

@@ -4,6 +4,9 @@ Keys: ``c/<id>`` live continuations, ``t/<id>`` compacted tombstones, ``a/<run d
 group activation markers. Indexes (kept current by a store watcher, so replay and live
 commits update them the same way): counts by state, active counts by origin, keyset order
 ``(created_at_ms, id)`` for operator pages, and the set of ids the worker may act on.
+
+Live continuations are all decoded in memory. Tombstones are indexed by their summaries
+(``afterword.app.tombstones``) and read from their files only when one is asked for.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from ..continuations.model import (
     Activation,
     Continuation,
     Tombstone,
+    TombstoneSummary,
     decode_activation,
     encode,
 )
 from ..store import Collection, Put, RecordStore, StoreCorruptError
+from .tombstones import Tombstones
 
 __all__ = [
     "ACTIVATION",
@@ -43,6 +48,7 @@ ACTIVATION = "a/"
 
 class IndexCorrupt(ContinuationError, StoreCorruptError):
     key: str = ""  # the record that could not be indexed (shown by health)
+    rule: str = ""  # for a record file the store refused at its first read: the store's rule
 
     """A stored continuation record could not be indexed: the in-memory index no longer
     matches durable state, so every use of the repository fails closed until the state
@@ -91,9 +97,10 @@ def activation_key(run_id: str) -> str:
     return ACTIVATION + blake3.blake3(run_id.encode()).hexdigest()[:48]
 
 
-def _index_corrupt(key: str, message: str) -> IndexCorrupt:
+def _index_corrupt(key: str, message: str, rule: str = "") -> IndexCorrupt:
     err = IndexCorrupt(f"continuation record cannot be indexed: {message}")
     err.key = key
+    err.rule = rule
     return err
 
 
@@ -104,7 +111,9 @@ class Repository:
 
     A record that cannot be decoded or indexed raises :class:`IndexCorrupt` from the
     constructor (the service does not open over it) or, once committed live, from every
-    later read (the collections fail closed).
+    later read (the collections fail closed). A tombstone known only by its summary is
+    checked when it is first read: a damaged one raises :class:`IndexCorrupt` then, and every
+    later read too.
     """
 
     def __init__(self, store: RecordStore) -> None:
@@ -113,10 +122,13 @@ class Repository:
         self._origin_active: Counter[str] = Counter()
         self._history_unrecorded = 0
         self._order: list[tuple[int, str]] = []
+        self._loading = True  # the order is appended to, then sorted once
         self._live = Collection(
             store, LIVE, Continuation, on_change=self._on_live, blobs=referenced_blobs, error=_index_corrupt
         )
-        self._tombs = Collection(store, TOMB, Tombstone, on_change=self._on_tomb, error=_index_corrupt)
+        self._tombs = Tombstones(store, TOMB, self._on_tomb, _index_corrupt)
+        self._order.sort()
+        self._loading = False
         # Writers of one continuation take its lock from this pool (in sorted order).
         self.locks = self._live.locks
 
@@ -141,21 +153,27 @@ class Repository:
         if rec is not None:
             self._account(rec, +1)
             if prev is None:
-                bisect.insort(self._order, (rec.claim.created_at_ms, cid))
+                self._order_add(rec.claim.created_at_ms, cid)
 
-    def _on_tomb(self, cid: str, prev: Tombstone | None, tomb: Tombstone | None) -> None:
+    def _on_tomb(self, cid: str, prev: TombstoneSummary | None, tomb: TombstoneSummary | None) -> None:
         if prev is not None:
             self._state_counts[prev.state] -= 1
-            if tomb is None:
-                self._order_remove(prev.claim.created_at_ms, cid)
+            if tomb is None and cid not in self._live:
+                self._order_remove(prev.created_at_ms, cid)
         if tomb is not None:
             self._state_counts[tomb.state] += 1
             if prev is None and cid not in self._live:
-                bisect.insort(self._order, (tomb.claim.created_at_ms, cid))
+                self._order_add(tomb.created_at_ms, cid)
 
     def _remove_order(self, rec: Continuation) -> None:
         if rec.id not in self._tombs:
             self._order_remove(rec.claim.created_at_ms, rec.id)
+
+    def _order_add(self, created: int, cid: str) -> None:
+        if self._loading:
+            self._order.append((created, cid))
+        else:
+            bisect.insort(self._order, (created, cid))
 
     def _order_remove(self, created: int, cid: str) -> None:
         i = bisect.bisect_left(self._order, (created, cid))
@@ -187,8 +205,24 @@ class Repository:
         return self._tombs.get(cid)
 
     def tombstones(self) -> Iterable[Tombstone]:
+        """Every tombstone, read from its file where no read has needed it yet (tools and
+        tests; the service's own paths read :meth:`tombstone_summaries`)."""
         self.check()
         return self._tombs.values()
+
+    def tombstone_summaries(self) -> list[TombstoneSummary]:
+        """What health and retention read of every tombstone, without reading one."""
+        self.check()
+        return self._tombs.summaries()
+
+    @property
+    def tombstones_unsummarized(self) -> int:
+        """Tombstones the open had to read because the catalog held no summary of them."""
+        return self._tombs.read_unsummarized
+
+    def has_tombstone(self, cid: str) -> bool:
+        self.check()
+        return cid in self._tombs
 
     def version(self, cid: str) -> int | None:
         self.check()
@@ -213,11 +247,12 @@ class Repository:
         after: tuple[int, str] | None,
         limit: int,
         *,
-        keep: Callable[[Continuation | Tombstone], bool] | None = None,
+        keep: Callable[[Continuation | TombstoneSummary], bool] | None = None,
         newest_first: bool = False,
     ) -> tuple[list[Continuation | Tombstone], bool]:
         """Up to ``limit`` records past the keyset position (in the order asked for) that
-        ``keep`` accepts, and whether another such record remains."""
+        ``keep`` accepts, and whether another such record remains. ``keep`` sees a live
+        record or a tombstone's summary; only the tombstones returned are read."""
         self.check()
         order = self._order
         if newest_first:
@@ -227,11 +262,13 @@ class Repository:
         out: list[Continuation | Tombstone] = []
         while 0 <= i < len(order):
             cid = order[i][1]
-            item: Continuation | Tombstone | None = self._live.get(cid) or self._tombs.get(cid)
-            if item is not None and (keep is None or keep(item)):
+            found: Continuation | TombstoneSummary | None = self._live.get(cid) or self._tombs.summary(cid)
+            if found is not None and (keep is None or keep(found)):
                 if len(out) == limit:
                     return out, True
-                out.append(item)
+                item = found if isinstance(found, Continuation) else self._tombs.get(cid)
+                if item is not None:
+                    out.append(item)
             i += step
         return out, False
 

@@ -82,6 +82,10 @@ async def open_service(
         await worker.reconcile_interrupted()
         await service.recover()
         await service.apply_retention()
+        if service.repo.tombstones_unsummarized:
+            # The catalog held no summaries of these (written by an older version or a tool):
+            # record them now, so that the next start reads no tombstone file.
+            await store.checkpoint()
         http = HttpServer(service)
         service.register_server(http)  # metrics read its connection counts
         if serve_http:

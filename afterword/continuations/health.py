@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .model import Continuation, Tombstone
+from .model import Continuation, Tombstone, TombstoneSummary
 
 Health = Literal["healthy", "degraded", "unhealthy"]
 # Each verdict as a number, worse is larger: `afterword continuations health` exits with it and
@@ -79,6 +79,15 @@ def attention(rec: Continuation | Tombstone) -> str | None:
     return None
 
 
+def cause_of(rec: Continuation | Tombstone | TombstoneSummary) -> str | None:
+    """:func:`attention` of a record, or the cause its tombstone's summary carries."""
+    return rec.cause if isinstance(rec, TombstoneSummary) else attention(rec)
+
+
+def ident(rec: Continuation | Tombstone | TombstoneSummary) -> str:
+    return rec.id if isinstance(rec, TombstoneSummary) else rec.claim.id
+
+
 @dataclass(frozen=True)
 class Cause:
     code: str
@@ -109,7 +118,7 @@ class HealthReport:
 
 def assess(
     live: Iterable[Continuation],
-    tombstones: Iterable[Tombstone],
+    tombstones: Iterable[Tombstone | TombstoneSummary],
     *,
     id_limit: int = 100,
     config_path: str | None = None,
@@ -117,23 +126,28 @@ def assess(
     """Health of a set of records: unhealthy beats degraded beats healthy. ``config_path``
     goes into the clearing commands so they address the same service."""
     counts: Counter[str] = Counter()
-    found: dict[str, list[Continuation | Tombstone]] = {code: [] for code in CAUSES}
-    records: list[Continuation | Tombstone] = [*live, *tombstones]
+    found: dict[str, list[Continuation | Tombstone | TombstoneSummary]] = {code: [] for code in CAUSES}
+    records: list[Continuation | Tombstone | TombstoneSummary] = [*live, *tombstones]
     for rec in records:
         counts[rec.state] += 1
-        code = attention(rec)
+        code = cause_of(rec)
         if code is not None:
             found[code].append(rec)
     causes = []
     for code in ORDER:
         if found[code]:
             level, _, _, message = CAUSES[code]
-            listed = sorted(found[code], key=lambda r: r.claim.id)[:id_limit]
+            listed = sorted(found[code], key=ident)[:id_limit]
             commands = tuple(
-                clearing_command(code, r.claim.id, config_path, unsafe=code == "held" and r.post_unproven)
+                clearing_command(
+                    code,
+                    ident(r),
+                    config_path,
+                    unsafe=code == "held" and isinstance(r, Continuation) and r.post_unproven,
+                )
                 for r in listed
             )
-            ids = tuple(r.claim.id for r in listed)
+            ids = tuple(ident(r) for r in listed)
             causes.append(Cause(code, level, len(found[code]), ids, message, commands))
     status: Health = "healthy"
     if any(c.status == "unhealthy" for c in causes):

@@ -177,6 +177,19 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     history: tuple[StateChange, ...] = ()
 
 
+class TombstoneSummary(msgspec.Struct, frozen=True, array_like=True, gc=False, forbid_unknown_fields=True):
+    """What the indexes, health and retention read of one tombstone (see
+    ``continuations.summary``): kept for every tombstone, the tombstone itself read on demand."""
+
+    id: str
+    state: State
+    created_at_ms: int
+    terminal_at_ms: int
+    cause: str | None  # attention(tombstone): the health cause it carries, if any
+    server_name: str
+    route: str | None
+
+
 class Activation(msgspec.Struct, frozen=True, kw_only=True):
     """Group activation marker: the origin run committed; its claims may proceed."""
 

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .health import attention
-from .model import Attempts, Continuation, Tombstone
+from .health import cause_of, ident
+from .model import Attempts, Continuation, Tombstone, TombstoneSummary
 
 SETTLED = frozenset({"delivered", "expired", "cancelled"})
 
@@ -99,8 +99,13 @@ def tombstone_of(rec: Continuation) -> Tombstone:
 
 
 def plan_retention(
-    live: Iterable[Continuation], tombs: Iterable[Tombstone], now_ms: int, limits: RetentionLimits
+    live: Iterable[Continuation],
+    tombs: Iterable[Tombstone | TombstoneSummary],
+    now_ms: int,
+    limits: RetentionLimits,
 ) -> RetentionPlan:
+    """``tombs`` may be the tombstones or their summaries: the plan reads only what a
+    :class:`~afterword.continuations.model.TombstoneSummary` carries."""
     plan = RetentionPlan()
     captures: list[Continuation] = []
     settled_now: list[Tombstone] = []
@@ -118,13 +123,13 @@ def plan_retention(
         if index >= limits.captured_text_max_records or age > limits.captured_text_max_age_ms:
             plan.compact.append(rec.id)
             settled_now.append(tombstone_of(rec))
-    all_tombs = [*tombs, *settled_now]
-    all_tombs.sort(key=lambda t: (t.terminal_at_ms, t.claim.id), reverse=True)
+    all_tombs: list[Tombstone | TombstoneSummary] = [*tombs, *settled_now]
+    all_tombs.sort(key=lambda t: (t.terminal_at_ms, ident(t)), reverse=True)
     index = 0
     for tomb in all_tombs:
-        if attention(tomb) is not None:
+        if cause_of(tomb) is not None:
             continue  # kept (and not counted) until an operator acknowledges it
         if index >= limits.terminal_max_records or now_ms - tomb.terminal_at_ms > limits.terminal_max_age_ms:
-            plan.drop.append(tomb.claim.id)
+            plan.drop.append(ident(tomb))
         index += 1
     return plan

@@ -25,6 +25,7 @@ from .store import (
     StoreStatistics,
     TransactionInfo,
 )
+from .types import Summarizer
 
 __all__ = [
     "FORMAT",
@@ -50,6 +51,7 @@ __all__ = [
     "StoreOptions",
     "StoreStatistics",
     "StoreView",
+    "Summarizer",
     "TransactionInfo",
     "VersionConflict",
     "open_readonly",

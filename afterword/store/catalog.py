@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import operator
 import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 import xxhash
@@ -28,6 +30,7 @@ from .codec import Manifest, RecordImage, decode_record, record_file_name
 from .errors import StoreCorruptError
 from .evidence import EvidenceError
 from .loading import RECORDS
+from .types import Record, Summarizer
 
 log = logging.getLogger("afterword.store")
 
@@ -39,17 +42,31 @@ _lsn = operator.attrgetter("lsn")
 
 
 class CatalogEntry(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
-    """One record as of the checkpoint: its key, version and the blobs it references."""
+    """One record as of the checkpoint: its key, version and the blobs it references, and
+    the summary its prefix's summarizer made of it (empty: none)."""
 
     key: str
     lsn: int
     blobs: tuple[str, ...] = ()
+    summary: bytes = b""
 
 
 class CatalogBody(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     checkpoint_lsn: int
     files: str  # names_check() of the record file names the entries imply
     entries: list[CatalogEntry]
+    tags: dict[str, str] = {}  # key prefix -> the tag of the summarizer its summaries came from
+
+
+@dataclass(frozen=True)
+class CatalogSource:
+    """What a checkpoint's catalog is written from (copies taken on the event loop)."""
+
+    records: dict[str, Record]  # read records: their entries are made from them
+    unread: dict[str, CatalogEntry]  # entries still unread since the open: carried over
+    summarizers: dict[str, Summarizer]  # prefix -> summarizer, as watchers registered them
+    tags: dict[str, str]  # prefix -> tag of the loaded catalog (kept for unread summaries)
+    cache: dict[str, tuple[int, bytes]]  # key -> (version, summary); the writer's alone
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -62,11 +79,15 @@ def names_check(names: list[str]) -> str:
     return f"{xxhash.xxh3_128_intdigest(chr(0).join(sorted(names)).encode()):032x}"
 
 
-def encode_catalog(checkpoint_lsn: int, entries: list[tuple[str, int, tuple[str, ...]]]) -> bytes:
-    """``CATALOG`` bytes: magic, msgpack ``[checkpoint_lsn, files, [[key, lsn, [blob, ...]],
-    ...]]``, then the xxh3 of everything before it."""
-    files = names_check([record_file_name(key) for key, _, _ in entries])
-    body = CATALOG_MAGIC + _encoder.encode((checkpoint_lsn, files, entries))
+Entry = tuple[str, int, tuple[str, ...]] | tuple[str, int, tuple[str, ...], bytes]
+
+
+def encode_catalog(checkpoint_lsn: int, entries: Sequence[Entry], tags: dict[str, str] | None = None) -> bytes:
+    """``CATALOG`` bytes: magic, msgpack ``[checkpoint_lsn, files, [[key, lsn, [blob, ...]
+    (, summary)], ...], {prefix: tag}]``, then the xxh3 of everything before it. An entry
+    may carry a fourth element, its summary (see :class:`Summarizer`)."""
+    files = names_check([record_file_name(e[0]) for e in entries])
+    body = CATALOG_MAGIC + _encoder.encode((checkpoint_lsn, files, entries, tags or {}))
     return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
 
 

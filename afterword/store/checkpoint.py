@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..disk import StateRoot
-from .catalog import CATALOG, CatalogEntry, catalog_check, encode_catalog
+from .catalog import CATALOG, CatalogSource, Entry, catalog_check, encode_catalog
 from .codec import encode_record, record_file_name
 from .loading import RECORDS
 from .types import Record
@@ -40,16 +40,43 @@ def write_record_files(root: StateRoot, snapshot: dict[str, Record | None], thre
         root.sync_dir(RECORDS)
 
 
-def write_catalog(
-    root: StateRoot, checkpoint_lsn: int, records: dict[str, Record], unread: dict[str, CatalogEntry]
-) -> str:
+def catalog_entries(source: CatalogSource) -> tuple[list[Entry], dict[str, str]]:
+    """Every record's entry, with the summary of each record under a summarized prefix (made
+    once per version; cached), and the tag of each prefix's summaries."""
+    tags = {p: t for p, t in source.tags.items() if p not in source.summarizers}
+    tags.update((p, s.tag) for p, s in source.summarizers.items())
+    cache: dict[str, tuple[int, bytes]] = {}
+    entries: list[Entry] = []
+    for key, rec in source.records.items():
+        for prefix, summarizer in source.summarizers.items():
+            if key.startswith(prefix):
+                made = source.cache.get(key)
+                if made is None or made[0] != rec.lsn:
+                    try:
+                        made = (rec.lsn, summarizer.summarize(rec.value))
+                    except Exception as exc:
+                        # The record's watcher already refuses it; the next open reads it and
+                        # refuses it there. A checkpoint is never held up by it.
+                        log.warning("store: no summary of %r: %s", key, type(exc).__name__)
+                        break
+                cache[key] = made
+                entries.append((key, rec.lsn, rec.blobs, made[1]))
+                break
+        else:
+            entries.append((key, rec.lsn, rec.blobs))
+    source.cache.clear()
+    source.cache.update(cache)
+    entries += [(key, e.lsn, e.blobs, e.summary) if e.summary else (key, e.lsn, e.blobs) for key, e in source.unread.items()]
+    return entries, tags
+
+
+def write_catalog(root: StateRoot, checkpoint_lsn: int, source: CatalogSource) -> str:
     """Write ``CATALOG`` for the checkpoint at ``checkpoint_lsn`` (atomic replace, durable)
     and return the check the MANIFEST names it by. Runs after the record files are durable
     and before the MANIFEST: a crash in between leaves a MANIFEST naming another catalog,
     and the next open reads the record files instead."""
-    entries = [(key, rec.lsn, rec.blobs) for key, rec in records.items()]
-    entries += [(key, e.lsn, e.blobs) for key, e in unread.items()]
-    data = encode_catalog(checkpoint_lsn, entries)
+    entries, tags = catalog_entries(source)
+    data = encode_catalog(checkpoint_lsn, entries, tags)
     try:
         root.write_atomic(CATALOG, data)
     except OSError as exc:

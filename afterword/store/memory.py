@@ -9,7 +9,9 @@ applies the log's transactions through the same :meth:`apply`.
 Records an open found in the checkpoint catalog start *unread*: their key, version and blob
 references are known, their bytes stay in their record file until a read asks for them
 (through ``reader``, the only I/O here). A watcher reads every record under its prefix when it
-is registered, so a record still unread is one no watcher follows.
+is registered, so a record still unread is one no watcher follows, unless the watcher gave a
+:class:`Summarizer`: then a catalogued record whose summary was made under the same tag is
+handed over as ``(key, summary)`` and stays unread.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 from ..wal.frame import Frame
-from .catalog import CatalogEntry
+from .catalog import CatalogEntry, CatalogSource
 from .codec import Op, RecordImage, decode_tx
 from .evidence import Digest, ReplayCheck
 from .replay import replay_last_images
-from .types import Record, Watcher
+from .types import Record, Summarizer, Watcher
 
 log = logging.getLogger("afterword.store")
 Reader = Callable[[list[CatalogEntry]], list[Record]]
@@ -31,7 +33,18 @@ _READ_BATCH = 4096  # record files read through one directory descriptor at a ti
 
 
 class CommittedState:
-    __slots__ = ("blob_refs", "digest", "dirty", "reader", "records", "unread", "watchers")
+    __slots__ = (
+        "blob_refs",
+        "digest",
+        "dirty",
+        "reader",
+        "records",
+        "summaries",
+        "summarizers",
+        "tags",
+        "unread",
+        "watchers",
+    )
 
     def __init__(self) -> None:
         self.records: dict[str, Record] = {}
@@ -41,6 +54,10 @@ class CommittedState:
         self.blob_refs: Counter[str] = Counter()
         self.watchers: list[tuple[str, Watcher]] = []
         self.digest = Digest()
+        self.summarizers: dict[str, Summarizer] = {}  # prefix -> the summarizer a watcher gave
+        self.tags: dict[str, str] = {}  # prefix -> tag of the loaded catalog's summaries
+        # key -> (version, summary) made at a checkpoint; touched only by the checkpoint writer
+        self.summaries: dict[str, tuple[int, bytes]] = {}
 
     def load(self, records: dict[str, Record]) -> None:
         """Start from the records read at open (before any watcher exists)."""
@@ -50,11 +67,18 @@ class CommittedState:
                 self.blob_refs.update(image.blobs)
         self.digest = Digest.of((key, rec.lsn) for key, rec in records.items())
 
-    def load_catalog(self, entries: list[CatalogEntry], records: dict[str, Record], reader: Reader) -> None:
+    def load_catalog(
+        self,
+        entries: list[CatalogEntry],
+        records: dict[str, Record],
+        reader: Reader,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         """Start from a checkpoint catalog (bytes read later by ``reader``) plus the record
         files found beside it (``records``, read already)."""
         self.load(records)
         self.reader = reader
+        self.tags = tags or {}  # prefix -> the tag its entries' summaries were made under
         self.unread = {e.key: e for e in entries}
         self.digest.merge(Digest.of((e.key, e.lsn) for e in entries))
         for e in entries:
@@ -90,6 +114,9 @@ class CommittedState:
             if key.startswith(prefix):
                 yield rec
 
+    def keys(self, prefix: str = "") -> list[str]:
+        return [k for k in (*self.records, *self.unread) if k.startswith(prefix)]
+
     def _read(self, entries: list[CatalogEntry]) -> list[Record]:
         assert self.reader is not None
         images = self.reader(entries)
@@ -102,23 +129,42 @@ class CommittedState:
     def referenced_blobs(self) -> set[str]:
         return {d for d, n in self.blob_refs.items() if n > 0}
 
-    def watch(self, prefix: str, fn: Watcher) -> None:
+    def watch(self, prefix: str, fn: Watcher, summarizer: Summarizer | None = None) -> list[tuple[str, bytes]]:
         self.watchers.append((prefix, fn))
-        for rec in self.items(prefix):
-            fn(rec.key, None, rec)
+        summarized: list[tuple[str, bytes]] = []
+        if summarizer is not None:
+            self.summarizers[prefix] = summarizer
+        if self.unread:
+            usable = summarizer is not None and self.tags.get(prefix) == summarizer.tag
+            wanted: list[CatalogEntry] = []
+            for key, e in self.unread.items():
+                if key.startswith(prefix):
+                    if usable and e.summary:
+                        summarized.append((key, e.summary))
+                    else:
+                        wanted.append(e)
+            for i in range(0, len(wanted), _READ_BATCH):
+                self._read(wanted[i : i + _READ_BATCH])
+        for key, rec in list(self.records.items()):
+            if key.startswith(prefix):
+                fn(key, None, rec)
+        return summarized
 
     # -- changing ------------------------------------------------------------------------------
     def apply(self, lsn: int, ops: Iterable[Op]) -> None:
         """Apply one durable transaction's after-images (idempotent under replay)."""
         for op in ops:
             old = self.records.get(op.key)
-            if old is None and self.unread and self._forget_unread(op.key, lsn):
+            unread = old is None and op.key in self.unread
+            if unread and self._forget_unread(op.key, lsn):
                 continue
             if old is not None and old.lsn >= lsn:
                 continue  # replay of an older after-image: idempotent skip
             if op.value is None:
                 if old is None:
                     self.dirty.add(op.key)
+                    if unread:  # a summarizing watcher knows this record without its bytes
+                        self._notify(op.key, None, None)
                     continue
                 del self.records[op.key]
                 new = None
@@ -185,9 +231,9 @@ class CommittedState:
                     # the watcher's fault and must not hide the commit from its caller.
                     log.error("store watcher for %r failed on %r: %s", prefix, key, type(exc).__name__)
 
-    def catalog_source(self) -> tuple[dict[str, Record], dict[str, CatalogEntry]]:
+    def catalog_source(self) -> CatalogSource:
         """Copies of what a checkpoint's catalog lists (cheap; encoded off the event loop)."""
-        return dict(self.records), dict(self.unread)
+        return CatalogSource(dict(self.records), dict(self.unread), dict(self.summarizers), self.tags, self.summaries)
 
     def take_dirty(self) -> dict[str, Record | None]:
         """The records changed since the last checkpoint (None: deleted), now marked clean."""

@@ -137,7 +137,7 @@ def _load_records(root: StateRoot, options: StoreOptions, state: CommittedState,
     # damage). Read now, they pass the same evidence checks as when every file is read.
     found = load_record_files(root, options.max_record_bytes, extra) if extra else {}
     max_bytes = options.max_record_bytes
-    state.load_catalog(entries, found, lambda wanted: read_catalogued(root, max_bytes, wanted))
+    state.load_catalog(entries, found, lambda wanted: read_catalogued(root, max_bytes, wanted), catalog.tags)
     return missing
 
 

@@ -28,7 +28,7 @@ import anyio
 
 from ..disk import Disk, StateRoot, storage_errno
 from ..wal import WriteAheadLog
-from .catalog import CatalogEntry
+from .catalog import CatalogSource
 from .checkpoint import deferred_if_full, deferred_if_full_async, write_catalog, write_record_files
 from .codec import FORMAT, Manifest, Op
 from .errors import StoreClosedError
@@ -46,6 +46,7 @@ from .types import (
     Record,
     StoreOptions,
     StoreStatistics,
+    Summarizer,
     TransactionInfo,
     Watcher,
 )
@@ -101,7 +102,7 @@ class RecordStore:
         self._closed = False
         self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
         self._checkpoint_digest = Digest()
-        self._checkpoint_catalog: tuple[dict[str, Record], dict[str, CatalogEntry]] = ({}, {})
+        self._checkpoint_catalog: CatalogSource
         self._gate = anyio.Lock()  # held only while a checkpoint drains the log and rolls it
         self._checkpoints = 0
         self._last_checkpoint_seconds = 0.0
@@ -155,10 +156,8 @@ class RecordStore:
 
     def storage_problem(self) -> tuple[str, str] | None:
         """``("storage_full" | "disk_failed", detail)`` while writes fail, else None.
-
         ``storage_full`` without a failed root clears by itself once space is freed; a failed
-        root (a write or fsync failed midway) needs a restart.
-        """
+        root (a write or fsync failed midway) needs a restart."""
         failed = self.root.failed
         if failed is not None:
             return ("storage_full" if storage_errno(failed) else "disk_failed", str(failed))
@@ -182,15 +181,18 @@ class RecordStore:
         """Committed records whose key starts with ``prefix`` (unordered)."""
         return self._state.items(prefix)
 
+    def keys(self, prefix: str = "") -> list[str]:
+        """Keys of the committed records under ``prefix``; no record file is read."""
+        return self._state.keys(prefix)
+
     def referenced_blobs(self) -> set[str]:
         return self._state.referenced_blobs()
 
-    def watch(self, prefix: str, fn: Watcher) -> None:
-        """Call ``fn(key, old, new)`` for every committed change under ``prefix``.
-
-        Existing records are reported first as ``(key, None, record)``.
-        """
-        self._state.watch(prefix, fn)
+    def watch(self, prefix: str, fn: Watcher, summarizer: Summarizer | None = None) -> list[tuple[str, bytes]]:
+        """Call ``fn(key, old, new)`` for every committed change under ``prefix``; existing
+        records first as ``(key, None, record)``, except those the catalog summarized under
+        ``summarizer``'s tag: returned as ``(key, summary)``, unread (see :class:`Summarizer`)."""
+        return self._state.watch(prefix, fn, summarizer)
 
     # -- writing -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -326,9 +328,8 @@ class RecordStore:
     def _write_checkpoint(self, start_seq: int, lsn: int, snapshot: dict[str, Record | None]) -> None:
         digest = self._checkpoint_digest
         began = time.perf_counter()
-        records, unread = self._checkpoint_catalog
         write_record_files(self.root, snapshot, self.options.checkpoint_threads)
-        catalog = write_catalog(self.root, lsn, records, unread)
+        catalog = write_catalog(self.root, lsn, self._checkpoint_catalog)
         self._manifests.write(
             checkpoint_lsn=lsn,
             wal_start_seq=start_seq,

@@ -24,6 +24,22 @@ class Put:
 
 
 @dataclass(frozen=True)
+class Summarizer:
+    """A compact summary of each record under one prefix, kept in the checkpoint catalog.
+
+    A watcher that registers one (:meth:`RecordStore.watch`) is told about the records an
+    open found only in the catalog by their summary, without their files being read.
+    ``summarize(value)`` makes the summary of a record's bytes at each checkpoint (once per
+    version); ``tag`` names that derivation, and a summary written under another tag is never
+    used: such records are read as usual. The summary is derived data: the record file stays
+    the source of truth, and reading a record checks its file as always.
+    """
+
+    tag: str
+    summarize: Callable[[bytes], bytes]
+
+
+@dataclass(frozen=True)
 class Delete:
     key: str
 
