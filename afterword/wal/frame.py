@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 import xxhash
 
+from .native import fast_read_run
+
 SEGMENT_MAGIC_V3 = b"AWWAL\x03\x00\x00"
 SEGMENT_MAGIC = b"AWWAL\x04\x00\x00"
 SEGMENT_VERSIONS = {SEGMENT_MAGIC_V3: 3, SEGMENT_MAGIC: 4}
@@ -124,7 +126,26 @@ def is_end_marker(data: bytes | memoryview, offset: int) -> bool:
     return bool(_U64.unpack_from(data, offset)[0] == 0)
 
 
+_U63 = 1 << 63
+
+
 def read_run(
+    data: bytes, offset: int, salt: int, expect: int, max_payload: int, out: list[Frame]
+) -> tuple[int, int]:
+    """Append to ``out`` the frames at ``offset`` on whose lsns continue from ``expect``;
+    return where the run stopped and the next expected lsn.
+
+    The C loop (``native.py``) when it is built, else :func:`read_run_py`; both stop at the
+    same frame and give the same frames (``tests/test_wal_fastscan.py``).
+    """
+    fast = fast_read_run  # a module global, so a test can turn the C loop off
+    if fast is not None and offset >= 0 and 0 <= expect < _U63 and 0 <= salt < _U63 << 1:
+        max_payload = min(max_payload, _U63 - 1)
+        return fast(data, offset, salt, expect, max_payload, out, Frame, xxhash.xxh3_64_intdigest)
+    return read_run_py(data, offset, salt, expect, max_payload, out)
+
+
+def read_run_py(
     data: bytes, offset: int, salt: int, expect: int, max_payload: int, out: list[Frame]
 ) -> tuple[int, int]:
     """Append to ``out`` the frames at ``offset`` on whose lsns continue from ``expect``;
