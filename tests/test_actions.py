@@ -15,7 +15,17 @@ from _claims import make_claim
 
 from afterword.continuations import STATES, Continuation, Receipt, ResultRecord
 from afterword.continuations import lifecycle as lc
-from afterword.continuations.actions import TRANSITIONS, Action, Event, after_restart, next_action, target
+from afterword.continuations.actions import (
+    TRANSITIONS,
+    Action,
+    Event,
+    SynthesisPlan,
+    after_restart,
+    next_action,
+    synthesis_plan,
+    target,
+)
+from afterword.continuations.errors import InvalidTransition
 
 NOW = 1_900_000_000_000
 DEADLINE = NOW + 60_000
@@ -26,6 +36,8 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("claimed", "submit_result"): "result_received",
     ("claimed", "expire"): "expired",
     ("result_received", "begin_synthesis"): "synthesizing",
+    ("result_received", "synthesize_locally"): R,
+    ("result_received", "fail_synthesis"): "dead_lettered",
     ("result_received", "prepare_fallback"): R,
     ("result_received", "prepare_silent"): "delivered",
     ("synthesizing", "finish_synthesis"): R,
@@ -116,6 +128,7 @@ DRIVERS: dict[str, Callable[[Continuation], Continuation | None]] = {
     "expire": lambda r: lc.expire(r, NOW),
     "begin_synthesis": lambda r: lc.begin_synthesis(r, NOW),
     "finish_synthesis": lambda r: lc.finish_synthesis(r, "t", NOW),
+    "synthesize_locally": lambda r: lc.synthesize_locally(r, "t", NOW),
     "prepare_fallback": lambda r: lc.prepare_without_model(r, "origin_context_unavailable", NOW),
     "prepare_silent": lambda r: lc.prepare_without_model(r, "silent", NOW),
     "fail_synthesis": lambda r: lc.fail_synthesis(r, "x", "y", NOW),
@@ -278,3 +291,81 @@ def test_end_after_fault(state: str, changes: dict[str, object], expected: str |
     assert after is not None and after.state == expected
     assert after.last_error is not None and after.last_error.code == "internal_error"
     assert after.text == rec.text  # unlike park, the answer is kept
+
+
+# -- synthesis_plan: which commits one synthesis takes, by where the synthesizer runs ---------
+# local -> (committed before the call, committed with the answer, committed on interruption)
+PLANS = [
+    (False, "begin_synthesis", "finish_synthesis", "fail_synthesis"),
+    (True, None, "synthesize_locally", None),
+]
+
+
+@pytest.mark.parametrize(("local", "start", "finish", "interrupted"), PLANS)
+def test_synthesis_plan(local: bool, start: str | None, finish: str, interrupted: str | None) -> None:
+    assert synthesis_plan(local) == SynthesisPlan(start=start, finish=finish, interrupted=interrupted)  # type: ignore[arg-type]
+
+
+def _run_plan(local: bool, outcome: str) -> list[Continuation]:
+    """The committed versions of one synthesis of a ``result_received`` record, the first
+    being the record itself: outcome "text", "failed" or "interrupted" (a stop mid-call)."""
+    plan = synthesis_plan(local)
+    versions = [record("result_received")]
+    if plan.start is not None:
+        versions.append(lc.begin_synthesis(versions[-1], NOW))
+    if outcome == "text":
+        finish = lc.synthesize_locally if plan.finish == "synthesize_locally" else lc.finish_synthesis
+        versions.append(finish(versions[-1], "answer", NOW))
+    elif outcome == "failed":
+        versions.append(lc.fail_synthesis(versions[-1], "synthesis_failed", "E", NOW))
+    elif plan.interrupted is not None:
+        versions.append(lc.fail_synthesis(versions[-1], "synthesis_interrupted", "stopped", NOW))
+    return versions
+
+
+# (local, outcome) -> the states committed after result_received, and the synthesis attempts
+# the last version counts.
+COMMITS = [
+    (False, "text", ["synthesizing", R], 1),
+    (False, "failed", ["synthesizing", "dead_lettered"], 1),
+    (False, "interrupted", ["synthesizing", "dead_lettered"], 1),
+    (True, "text", [R], 1),
+    (True, "failed", ["dead_lettered"], 1),
+    (True, "interrupted", [], 0),
+]
+
+
+@pytest.mark.parametrize(("local", "outcome", "states", "attempts"), COMMITS)
+def test_synthesis_commits(local: bool, outcome: str, states: list[str], attempts: int) -> None:
+    versions = _run_plan(local, outcome)
+    assert [v.state for v in versions[1:]] == states
+    assert versions[-1].attempts.synthesis == attempts
+    if versions[-1].state == R:
+        assert (versions[-1].text, versions[-1].completion_kind) == ("answer", "synthesized")
+
+
+# A crash after each commit of a synthesis: (local, versions committed, including the first)
+# -> what startup recovery makes of it, and the next action. A remote synthesis that began is
+# never run again; a local one that never committed is simply run again.
+CRASHES = [
+    (False, 1, "result_received", "synthesize"),
+    (False, 2, "dead_lettered", "none"),
+    (False, 3, R, "deliver"),
+    (True, 1, "result_received", "synthesize"),
+    (True, 2, R, "deliver"),
+]
+
+
+@pytest.mark.parametrize(("local", "committed", "state", "action"), CRASHES)
+def test_a_crash_between_synthesis_commits(local: bool, committed: int, state: str, action: str) -> None:
+    versions = _run_plan(local, "text")
+    after = after_restart(versions[committed - 1], None, NOW)
+    assert after.state == state
+    assert next_action(after, NOW).kind == action
+    if state == "dead_lettered":
+        assert after.last_error is not None and after.last_error.code == "synthesis_interrupted"
+
+
+def test_a_local_synthesis_is_refused_while_the_origin_is_pending() -> None:
+    with pytest.raises(InvalidTransition):
+        lc.synthesize_locally(record("result_received", origin_context="pending"), "answer", NOW)

@@ -76,6 +76,7 @@ EVENTS: dict[str, tuple[Event, str | None]] = {
     "expire": (lambda r: lc.expire(r, NOW), "expired"),
     "begin_synthesis": (lambda r: lc.begin_synthesis(r, NOW), "synthesizing"),
     "finish_synthesis": (lambda r: lc.finish_synthesis(r, "text", NOW), "ready_to_deliver"),
+    "synthesize_locally": (lambda r: lc.synthesize_locally(r, "text", NOW), "ready_to_deliver"),
     "prepare_without_model": (
         lambda r: lc.prepare_without_model(r, "origin_context_unavailable", NOW),
         "ready_to_deliver",
@@ -102,8 +103,9 @@ ALLOWED_IN: dict[str, set[str]] = {
     "expire": {"claimed"},
     "begin_synthesis": {"result_received"},
     "finish_synthesis": {"synthesizing"},
+    "synthesize_locally": {"result_received"},
     "prepare_without_model": {"result_received", "synthesizing"},
-    "fail_synthesis": {"synthesizing"},
+    "fail_synthesis": {"result_received", "synthesizing"},
     "begin_delivery": _DELIVERING,
     "record_chunk": _DELIVERING,
     "delivered": _DELIVERING,

@@ -26,6 +26,7 @@ from tools.crashsim import (  # noqa: E402
     TORN,
     ContinuationLifecycle,
     Explorer,
+    LocalSynthesisLifecycle,
     Scratch,
     Settings,
     explore,
@@ -113,6 +114,29 @@ def test_bounded_sample_of_the_lifecycle_has_no_violation(scratch: Scratch) -> N
     assert all(r.states > 50 for r in models) and faults.injected > 0
     assert sum(r.recovery_states for r in models) > 0
     assert not [v for r in models for v in r.violations] + faults.violations, report
+
+
+@pytest.mark.slow
+def test_bounded_sample_of_the_local_synthesis_lifecycle_has_no_violation(scratch: Scratch) -> None:
+    settings = Settings(budget=120, recovery_budget=4, fault_budget=24)
+    workload = LocalSynthesisLifecycle(seed=1)
+    models = [explore(workload, model, settings, scratch) for model in (PROCESS, REORDER)]
+    faults = run_faults(workload, settings, scratch)
+    report = render(models, [faults], seconds=0.0)
+    print(report)
+    assert all(r.states > 50 for r in models) and faults.injected > 0
+    assert not [v for r in models for v in r.violations] + faults.violations, report
+
+
+def test_the_local_model_has_no_synthesizing_step() -> None:
+    w = LocalSynthesisLifecycle(seed=0)
+    assert w.ops == 18 and "synth-start" not in {op.kind for op in w.ops_by_number.values()}
+    order = sorted(w.ops_by_number)
+    before_text = w.expect([n for n in order if n < _numbers(w, "I", "text")])["I"]
+    # Lost before its only commit: the result is still there to synthesize, nothing dead-letters.
+    assert isinstance(before_text, View) and (before_text.state, before_text.attempts) == ("result_received", (0, 0))
+    text = w.expect([n for n in order if n <= _numbers(w, "I", "text")])["I"]
+    assert isinstance(text, View) and (text.state, text.attempts) == ("ready_to_deliver", (1, 0))
 
 
 def test_a_guard_left_half_written_by_a_crash_is_cleaned_at_open(scratch: Scratch) -> None:

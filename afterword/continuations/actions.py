@@ -19,7 +19,17 @@ from .lifecycle import may_post
 from .model import TERMINAL, Continuation
 from .transitions import TRANSITIONS, Event, target
 
-__all__ = ["TRANSITIONS", "Action", "ActionKind", "Event", "after_restart", "next_action", "target"]
+__all__ = [
+    "TRANSITIONS",
+    "Action",
+    "ActionKind",
+    "Event",
+    "SynthesisPlan",
+    "after_restart",
+    "next_action",
+    "synthesis_plan",
+    "target",
+]
 
 
 ActionKind = Literal["expire", "synthesize", "deliver", "hold", "wait", "none"]
@@ -60,6 +70,34 @@ def next_action(rec: Continuation, now_ms: int) -> Action:
     # ready_to_deliver, or a retry that is due. An answer whose earlier post was never proven
     # posts only after the operator's opt-in, however it became due (lifecycle invariant 5).
     return Action(kind="deliver") if may_post(rec) else Action(kind="hold")
+
+
+class SynthesisPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """How the worker commits one synthesis.
+
+    ``start``: the event committed before the synthesizer is called (None: nothing is).
+    ``finish``: the event that commits the answer. ``interrupted``: what a stop during the call
+    commits, ``fail_synthesis`` (dead-lettered) or None (the record is left as it was).
+    """
+
+    start: Event | None
+    finish: Event
+    interrupted: Event | None
+
+
+# A model may have answered, spent tokens or logged the payload before an interruption: the
+# start is durable first and an interruption is never repeated (lifecycle invariant 2).
+REMOTE_PLAN = SynthesisPlan(start="begin_synthesis", finish="finish_synthesis", interrupted="fail_synthesis")
+# A local synthesizer touches nothing outside the process: until its answer commits there is
+# nothing to be ambiguous about, so one commit suffices and a run lost to a crash or a stop
+# leaves ``result_received``, to be synthesized again with the same outcome.
+LOCAL_PLAN = SynthesisPlan(start=None, finish="synthesize_locally", interrupted=None)
+
+
+def synthesis_plan(local: bool) -> SynthesisPlan:
+    """The commits of one synthesis: ``local`` is True only for a synthesizer that is pure and
+    deterministic and calls nothing outside the process (the template renderer)."""
+    return LOCAL_PLAN if local else REMOTE_PLAN
 
 
 def after_restart(rec: Continuation, activated_ids: Collection[str] | None, now_ms: int) -> Continuation:

@@ -20,6 +20,7 @@ _TABLE_EVENTS: dict[str, tuple[Event, ...]] = {
     "expire": ("expire",),
     "begin_synthesis": ("begin_synthesis",),
     "finish_synthesis": ("finish_synthesis",),
+    "synthesize_locally": ("synthesize_locally",),
     "prepare_without_model": ("prepare_fallback", "prepare_silent"),
     "fail_synthesis": ("fail_synthesis",),
     "begin_delivery": ("begin_delivery",),

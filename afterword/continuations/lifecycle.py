@@ -5,7 +5,10 @@ Invariants:
 1. A result is accepted once (``claimed -> result_received``); later submissions must be
    byte-identical (same idempotency key and payload hash) or they conflict.
 2. Synthesis starts at most once per accepted result: ``synthesizing`` is durable before the
-   model is called, and an interrupted synthesis is dead-lettered, never repeated.
+   model is called, and an interrupted synthesis is dead-lettered, never repeated. A local
+   synthesizer (no remote call, deterministic) is the exception the core allows
+   (:func:`.actions.synthesis_plan`): its answer and attempt are committed in one step
+   (:func:`synthesize_locally`), since nothing it did can be seen before that commit.
 3. Text is durable (``ready_to_deliver``) before any delivery attempt, and
    ``delivery_in_flight`` is durable before the channel is called, so a crash after posting
    began is recognisable and becomes ``delivery_unknown`` instead of a second post.
@@ -75,6 +78,7 @@ __all__ = [
     "retry",
     "same_result",
     "submit_result",
+    "synthesize_locally",
     "unproven",
     "with_history",
 ]
@@ -151,6 +155,23 @@ def finish_synthesis(rec: Continuation, text: str, now_ms: int) -> Continuation:
     )
 
 
+def synthesize_locally(rec: Continuation, text: str, now_ms: int) -> Continuation:
+    """A local synthesizer's answer: the attempt and the text in one commit, straight from
+    ``result_received`` (no durable ``synthesizing``: the run had no outside effect)."""
+    require(rec, "synthesize_locally")
+    if rec.deferred:
+        raise InvalidTransition("pending origin", "synthesize_locally")
+    attempts = Attempts(synthesis=rec.attempts.synthesis + 1, delivery=rec.attempts.delivery)
+    return msgspec.structs.replace(
+        rec,
+        state=move(rec, "synthesize_locally"),
+        attempts=attempts,
+        text=text,
+        completion_kind="synthesized",
+        updated_at_ms=now_ms,
+    )
+
+
 def prepare_without_model(rec: Continuation, kind: CompletionKind, now_ms: int) -> Continuation:
     """Zero-model outcomes: the fixed fallback text, or no text (suppressed / silent)."""
     require(rec, "prepare_without_model")
@@ -168,8 +189,15 @@ def prepare_without_model(rec: Continuation, kind: CompletionKind, now_ms: int) 
 
 
 def fail_synthesis(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
+    """The synthesis failed: dead-lettered. From ``result_received`` it was a local run that
+    committed no ``synthesizing``, so its attempt is counted here."""
     require(rec, "fail_synthesis")
-    return terminate(rec, move(rec, "fail_synthesis"), now_ms, last_error=ErrorInfo.bounded(code, message))
+    attempts = rec.attempts
+    if rec.state == "result_received":
+        attempts = Attempts(synthesis=attempts.synthesis + 1, delivery=attempts.delivery)
+    return terminate(
+        rec, move(rec, "fail_synthesis"), now_ms, attempts=attempts, last_error=ErrorInfo.bounded(code, message)
+    )
 
 
 # -- recovery --------------------------------------------------------------------------------

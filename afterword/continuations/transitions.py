@@ -10,7 +10,10 @@ Invariants the table encodes (numbered as in :mod:`.lifecycle`):
 
 1. Only ``claimed`` accepts a result.
 2. ``synthesizing`` is entered only from ``result_received``; a restart during it
-   dead-letters (``recover_synthesis``), never re-enters it.
+   dead-letters (``recover_synthesis``), never re-enters it. A local synthesizer (in-process,
+   deterministic, nothing leaves the process) skips it: ``synthesize_locally`` commits the
+   attempt and the answer at once, because a crash before that commit leaves
+   ``result_received`` and running it again is indistinguishable from the lost run.
 3. Delivery events exist only in ``ready_to_deliver`` and ``delivery_retry``.
 4. Terminal states leave only through operator events (``retry_*``, ``resolve_*``).
 
@@ -34,6 +37,7 @@ Event = Literal[
     "prepare_fallback",
     "prepare_silent",
     "fail_synthesis",
+    "synthesize_locally",
     # worker: delivery
     "begin_delivery",
     "record_chunk",
@@ -89,6 +93,8 @@ TRANSITIONS: Mapping[State, Mapping[Event, State]] = {
     "claimed": {"submit_result": "result_received", "expire": "expired", **_ACTIVE_END},
     "result_received": {
         "begin_synthesis": "synthesizing",
+        "synthesize_locally": "ready_to_deliver",
+        "fail_synthesis": "dead_lettered",  # a local synthesizer failed (no synthesizing commit)
         "prepare_fallback": "ready_to_deliver",
         "prepare_silent": "delivered",
         **_ACTIVE_END,

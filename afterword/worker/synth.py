@@ -35,7 +35,19 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Synthesizer(Protocol):
+    """Turns one request into the answer text.
+
+    A synthesizer may declare ``local = True`` when it is pure and deterministic and calls
+    nothing outside the process (the template renderer). The worker then commits its answer
+    in one step from ``result_received`` instead of committing ``synthesizing`` first
+    (``continuations.actions.synthesis_plan``). Without the attribute it is treated as remote.
+    """
+
     async def synthesize(self, request: SynthesisRequest) -> str: ...
+
+
+def is_local(synthesizer: object) -> bool:
+    return getattr(synthesizer, "local", False) is True
 
 
 INSTRUCTIONS = (
@@ -112,6 +124,8 @@ class TemplateSynthesizer:
     JSON. ``actionable`` is a control key (``notify_if_actionable`` suppresses a payload whose
     ``actionable`` is ``false``) and is never rendered.
     """
+
+    local = True  # pure rendering, nothing outside the process: see Synthesizer
 
     async def synthesize(self, request: SynthesisRequest) -> str:
         return render_template(request.payload)

@@ -1,5 +1,6 @@
 """Synthesis: at most once per continuation. The record is durably ``synthesizing`` before the
-model is called, so an interruption is seen after a restart and never repeated."""
+model is called, so an interruption is seen after a restart and never repeated. A local
+synthesizer (the template) commits its answer in one step instead (``synthesis_plan``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import msgspec
 from ..app.ports import WorkerPorts
 from ..blobs import BlobBindingError, BlobError
 from ..continuations import lifecycle
+from ..continuations.actions import synthesis_plan
 from ..continuations.errors import SnapshotError
 from ..continuations.model import Continuation, canonical_claim
 from ..continuations.rules import is_actionable
@@ -19,7 +21,7 @@ from ..disk import DiskError
 from ..history import ConversationHistory
 from .routes import Routes
 from .steps import BindingInvalid, Fallback, Steps
-from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages
+from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages, is_local
 
 log = logging.getLogger("afterword.worker")
 _json = msgspec.json.Decoder()
@@ -116,7 +118,9 @@ class Synthesis(Steps):
             log.info("continuation %s: origin context unavailable (%s); fixed answer", cid, why)
             await self.transition(cid, lambda r: lifecycle.prepare_without_model(r, "origin_context_unavailable", now()))
             return True
-        rec = await self.transition(cid, lambda r: lifecycle.begin_synthesis(r, now()))
+        plan = synthesis_plan(is_local(self.synthesizer))
+        if plan.start is not None:
+            rec = await self.transition(cid, lambda r: lifecycle.begin_synthesis(r, now()))
         request = SynthesisRequest(
             continuation_id=cid,
             mode=mode,
@@ -130,9 +134,10 @@ class Synthesis(Steps):
             with anyio.fail_after(timeout):
                 text = await self.synthesizer.synthesize(request)
         except anyio.get_cancelled_exc_class():
-            await self.shielded(
-                cid, lambda r: lifecycle.fail_synthesis(r, "synthesis_interrupted", "worker stopped", now())
-            )
+            if plan.interrupted is not None:
+                await self.shielded(
+                    cid, lambda r: lifecycle.fail_synthesis(r, "synthesis_interrupted", "worker stopped", now())
+                )
             raise
         except TimeoutError:
             await self.fail(cid, "synthesis_timeout", "synthesis timed out")
@@ -143,5 +148,6 @@ class Synthesis(Steps):
         if not isinstance(text, str) or not text:
             await self.fail(cid, "synthesis_empty", "empty answer")
             return False
-        await self.transition(cid, lambda r: lifecycle.finish_synthesis(r, text, now()))
+        finish = lifecycle.synthesize_locally if plan.finish == "synthesize_locally" else lifecycle.finish_synthesis
+        await self.transition(cid, lambda r: finish(r, text, now()))
         return True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -14,7 +14,8 @@ class RecordingSynth:
     """Records every request; answers, raises or hangs as configured.
 
     ``hang_when`` hangs only requests whose payload has that key set truthy, so one test can
-    mix hung and quick continuations. A hang lasts until :attr:`release` is set.
+    mix hung and quick continuations. A hang lasts until :attr:`release` is set. ``local``
+    declares it a local synthesizer (as the template is), so the worker skips ``synthesizing``.
     """
 
     def __init__(
@@ -24,16 +25,21 @@ class RecordingSynth:
         error: Exception | None = None,
         hang: bool = False,
         hang_when: str | None = None,
+        local: bool = False,
     ) -> None:
+        if local:
+            self.local = True
         self.text = text
         self.error = error
         self.hang = hang
         self.hang_when = hang_when
         self.calls: list[SynthesisRequest] = []
         self.release = anyio.Event()
+        self.on_call: Callable[[SynthesisRequest], None] = lambda _request: None
 
     async def synthesize(self, request: SynthesisRequest) -> str:
         self.calls.append(request)
+        self.on_call(request)
         hang = self.hang or (
             self.hang_when is not None
             and isinstance(request.payload, dict)

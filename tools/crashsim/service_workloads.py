@@ -236,9 +236,11 @@ def compacted_of(tomb: Tombstone) -> Compacted:
 
 @dataclass
 class Model:
-    """The durable state the operations leave, before any restart rule applies."""
+    """The durable state the operations leave, before any restart rule applies. ``local``: the
+    synthesizer is local, so its answer and attempt are one operation from result_received."""
 
     views: dict[str, View] = field(default_factory=dict)
+    local: bool = False
     activation: bool = False
     answered: set[str] = field(default_factory=set)  # labels whose answer is in the history
 
@@ -272,6 +274,13 @@ class Model:
             new = replace(v, state="synthesizing", attempts=(s + 1, d))
         elif kind == "text" and v.state == "synthesizing":
             new = replace(v, state="ready_to_deliver", text=True, completion="synthesized")
+        elif (
+            kind == "text"
+            and self.local
+            and v.state == "result_received"
+            and v.origin in ("pinned", "detached_latest")
+        ):
+            new = replace(v, state="ready_to_deliver", text=True, completion="synthesized", attempts=(s + 1, d))
         elif kind == "text" and v.state == "result_received" and v.origin == "abandoned":
             # No origin context (only when injected faults kept the snapshot from binding): the
             # fixed answer, without a model call.
@@ -331,9 +340,12 @@ NOT_REPOSTABLE = frozenset({"delivered", "delivery_unknown"})
 
 # -- in-process effects ------------------------------------------------------------------------------
 class FakeSynthesizer:
-    """Deterministic and instant; ``on_call`` runs at the moment the model would be asked."""
+    """Deterministic and instant; ``on_call`` runs at the moment the model would be asked.
+    ``local`` makes it declare itself local, as the template synthesizer does."""
 
-    def __init__(self, on_call: Callable[[str], None] = lambda _cid: None) -> None:
+    def __init__(self, on_call: Callable[[str], None] = lambda _cid: None, *, local: bool = False) -> None:
+        if local:
+            self.local = True
         self.on_call = on_call
         self.calls: list[str] = []
 
@@ -512,6 +524,7 @@ class ContinuationLifecycle(Workload):
     name = "lifecycle"
     summary = "continuation lifecycle: interactive + detached claims, results, synthesis, delivery"
     default_ops = 20
+    local = False  # a remote (model) synthesizer: synthesizing is durable before the call
 
     def __init__(self, *, seed: int, ops: int | None = None) -> None:
         super().__init__(seed=seed, ops=ops)
@@ -539,10 +552,9 @@ class ContinuationLifecycle(Workload):
         else:
             plan += [(("I", "activate"),), (("I", "result"),)]
         plan += [(("S", "claim"),), (("N", "result"),), (("S", "result"),)]
-        interactive = tuple(
-            ("I", k) for k in ("synth-start", "text", "in-flight", "chunk", "history", "delivered")
-        )
-        notify = tuple(("N", k) for k in ("synth-start", "text", "in-flight", "history", "delivered"))
+        start = () if self.local else ("synth-start",)
+        interactive = tuple(("I", k) for k in (*start, "text", "in-flight", "chunk", "history", "delivered"))
+        notify = tuple(("N", k) for k in (*start, "text", "in-flight", "history", "delivered"))
         workers = [interactive, notify, (("S", "silent"),)]
         self.rng.shuffle(workers)
         plan += workers
@@ -564,7 +576,7 @@ class ContinuationLifecycle(Workload):
             raise WorkloadError(f"{self.name}: delivery keys posted twice: {session.duplicates}")
 
     def expect(self, committed: Sequence[int]) -> dict[str, Any]:
-        model = Model()
+        model = Model(local=self.local)
         for number in committed:
             model.apply(self.ops_by_number[number])
         out: dict[str, Any] = {label: after_restart(v) for label, v in model.views.items()}
@@ -582,7 +594,7 @@ class ContinuationLifecycle(Workload):
 
     async def _recover(self, state_dir: str, disk: Disk | None) -> Verdict:
         opened = await open_like_open_service(
-            state_dir, disk, synthesizer=FakeSynthesizer(), channel=RecordingChannel()
+            state_dir, disk, synthesizer=FakeSynthesizer(local=self.local), channel=RecordingChannel()
         )
         try:
             return await inspect(opened)
@@ -615,7 +627,7 @@ class ContinuationLifecycle(Workload):
         may never have seen the answer), the worker does everything it may. Nothing whose
         synthesis began or whose answer was posted may be synthesized or posted again, and
         every continuation must end terminal; a reopen must then change nothing."""
-        synth, channel = FakeSynthesizer(), RecordingChannel()
+        synth, channel = FakeSynthesizer(local=self.local), RecordingChannel()
         problems: list[str] = []
         try:
             opened = await open_like_open_service(state_dir, None, synthesizer=synth, channel=channel)
@@ -703,7 +715,7 @@ class _Session:
         self.opened: Opened | None = None
         self.claims: dict[str, ClaimResponse] = {}
         self.binding: RunBinding | None = None
-        self.synth = FakeSynthesizer(self._synthesizing)
+        self.synth = FakeSynthesizer(self._synthesizing, local=workload.local)
         self.channel = RecordingChannel(self._posted)
         self.duplicates: list[str] = []
         self.chain: list[Op] = []  # the worker step in progress: chain[0] is begun, not acked
@@ -861,6 +873,10 @@ class _Session:
         reached = REACHED_BY.get(op.kind)
         if reached is not None:
             self.journal.fact(f"{op.label}.reached.{reached}", "yes")
+        if op.kind == "text" and self.w.local:
+            # A local run is seen by nobody until its answer commits: only then may it never
+            # be synthesized again.
+            self.journal.fact(f"{op.label}.synthesis", "never again")
         if self.chain:
             self._begin(self.chain[0])
 
@@ -893,7 +909,8 @@ class _Session:
 
     # -- the outside world ---------------------------------------------------------------------------
     def _synthesizing(self, cid: str) -> None:
-        self.journal.fact(f"{self.label_of.get(cid, cid)}.synthesis", "never again")
+        if not self.w.local:  # a model was asked: from now on it must never be asked again
+            self.journal.fact(f"{self.label_of.get(cid, cid)}.synthesis", "never again")
 
     def _posted(self, delivery: ChunkDelivery) -> None:
         keys = [p.delivery_key for p in self.channel.posts]
@@ -901,3 +918,15 @@ class _Session:
             self.duplicates.append(delivery.delivery_key)
         cid = delivery.delivery_key.partition(":")[0]
         self.journal.fact(f"{self.label_of.get(cid, cid)}.posted", "never again")
+
+
+@register
+class LocalSynthesisLifecycle(ContinuationLifecycle):
+    """The same scenario with a local synthesizer (as the template is): each answer is one commit
+    from ``result_received`` to ``ready_to_deliver``, and a crash before that commit leaves the
+    result to be synthesized again, which nothing outside the process can tell apart."""
+
+    name = "lifecycle-local"
+    summary = "continuation lifecycle with a local (template-like) synthesizer: no synthesizing commit"
+    default_ops = 18
+    local = True
