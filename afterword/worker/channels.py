@@ -7,8 +7,7 @@ posted. Anything else (a timeout, a dropped connection after sending) is an unkn
 
 from __future__ import annotations
 
-import os
-import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -16,8 +15,10 @@ import anyio
 import httpx
 import msgspec
 
+from ..continuations.rules import format_ms
 from ..disk import Disk, OsDisk
 from .errors import PermanentDeliveryError, RetryableDeliveryError, UnconfirmedDeliveryError
+from .outbox import OutboxFailed, OutboxFile, OutboxNotWritten, OutboxUnsynced
 
 
 class ChunkDelivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,9 +76,6 @@ def split_chunks(text: str, limit: int) -> list[str]:
     return chunks
 
 
-_INDEX_READ = 1 << 20
-
-
 class OutboxLine(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     delivery_key: str
     conversation_id: str
@@ -93,123 +91,42 @@ class OutboxChannel:
     The outbox is afterword's own file, so it can answer "was this chunk posted?": it keeps
     an index of the delivery keys its file holds (``can_reconcile``). A post whose key is
     already there writes nothing and returns the same receipt, so after a crash the worker
-    can look each interrupted chunk up and post only what is missing.
+    can look each interrupted chunk up and post only what is missing. Concurrent posts share
+    one write and one fdatasync (:class:`~afterword.worker.outbox.OutboxFile`); each returns
+    only after the fdatasync covering its line.
     """
 
     max_chunk_chars = 4000
     can_reconcile = True
 
     def __init__(self, path: str, *, disk: Disk | None = None) -> None:
-        self.path = os.path.abspath(path)
-        self._disk = disk or OsDisk()
-        self._lock = threading.Lock()
+        self.file = OutboxFile(path, disk or OsDisk())
+        self.path = self.file.path
         self._encoder = msgspec.json.Encoder()
-        self._dir_synced = False
-        self._keys: set[str] = set()
-        self._indexed: tuple[int, int, int] | None = None  # (st_dev, st_ino, bytes indexed)
-
-    def _refresh(self, fd: int, size: int) -> None:
-        """Bring the key index up to the file's current content (lock held).
-
-        Another writer may have appended (two channel keys can share one outbox), and the
-        file may have been replaced or truncated (rotation): read the new tail, or start over.
-        """
-        st = self._disk.fstat(fd)
-        start = 0
-        if self._indexed is not None:
-            dev, ino, done = self._indexed
-            if (dev, ino) == (st.st_dev, st.st_ino) and done <= size:
-                start = done
-            else:
-                self._keys.clear()
-        pos, carry = start, b""
-        while pos < size:
-            block = self._disk.pread(fd, min(_INDEX_READ, size - pos), pos)
-            if not block:
-                break
-            pos += len(block)
-            data = carry + block
-            end = data.rfind(b"\n") + 1  # a line without its newline was never confirmed
-            for raw in data[:end].split(b"\n"):
-                key = _outbox_key(raw)
-                if key is not None:
-                    self._keys.add(key)
-            carry = data[end:]
-        self._indexed = (st.st_dev, st.st_ino, pos - len(carry))
-
-    def _append(self, line: bytes, key: str) -> None:
-        with self._lock:
-            fd = self._disk.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            try:
-                offset = self._disk.fstat(fd).st_size
-                self._refresh(fd, offset)
-                if key in self._keys:
-                    return  # already posted: the outbox is exactly-once per delivery key
-                if offset and self._disk.pread(fd, 1, offset - 1) != b"\n":
-                    line = b"\n" + line  # never glue a line onto a torn, unconfirmed one
-                self._disk.pwrite(fd, line, offset)
-                self._disk.fsync(fd)
-            finally:
-                self._disk.close(fd)
-            if not self._dir_synced:
-                # The file may have just been created: its name must be durable too.
-                self._disk.fsync_dir(os.path.dirname(self.path))
-                self._dir_synced = True
-            self._keys.add(key)
-
-    def _present(self, keys: Sequence[str]) -> set[str]:
-        with self._lock:
-            try:
-                fd = self._disk.open(self.path, os.O_RDONLY | os.O_NOFOLLOW, 0)
-            except FileNotFoundError:
-                self._keys.clear()
-                self._indexed = None
-                return set()
-            try:
-                self._refresh(fd, self._disk.fstat(fd).st_size)
-            finally:
-                self._disk.close(fd)
-            return {k for k in keys if k in self._keys}
 
     async def lookup(self, delivery_keys: Sequence[str]) -> dict[str, ChunkReceipt]:
         """The receipts of the chunks the outbox holds, by delivery key (absent: not posted)."""
-        present = await anyio.to_thread.run_sync(self._present, delivery_keys)
+        present = await anyio.to_thread.run_sync(self.file.present, delivery_keys)
         return {k: ChunkReceipt(delivery_id=k, channel_id="outbox") for k in delivery_keys if k in present}
 
     async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
-        from ..app.service import wall_clock_ms
-        from ..continuations.rules import format_ms
-
         line = OutboxLine(
             delivery_key=delivery.delivery_key,
             conversation_id=delivery.conversation_id,
             chunk_index=delivery.chunk_index,
             chunk_count=delivery.chunk_count,
             text=delivery.text,
-            delivered_at=format_ms(wall_clock_ms()),
+            delivered_at=format_ms(time.time_ns() // 1_000_000),  # the wall clock, as the service's
         )
         data = self._encoder.encode(line) + b"\n"
         try:
-            await anyio.to_thread.run_sync(self._append, data, delivery.delivery_key)
-        except OSError as exc:
-            raise RetryableDeliveryError("outbox_io", f"outbox write failed: {exc.strerror}") from None
+            await self.file.append(delivery.delivery_key, data)
+        except (OutboxNotWritten, OutboxFailed) as exc:  # nothing was written for this post
+            raise RetryableDeliveryError("outbox_io", f"outbox write failed: {exc}") from None
+        except OutboxUnsynced as exc:
+            # The line may be in the file, but its fdatasync did not succeed: unproven.
+            raise UnconfirmedDeliveryError(f"outbox write or sync failed: {exc}", "outbox_unsynced") from None
         return ChunkReceipt(delivery_id=delivery.delivery_key, channel_id="outbox")
-
-
-class _KeyOnly(msgspec.Struct, rename="camel"):
-    delivery_key: str
-
-
-_key_decoder = msgspec.json.Decoder(_KeyOnly)
-
-
-def _outbox_key(raw: bytes) -> str | None:
-    if not raw.strip():
-        return None
-    try:
-        return _key_decoder.decode(raw).delivery_key
-    except msgspec.DecodeError:
-        return None  # a foreign or damaged line proves nothing
 
 
 def _retry_after(response: httpx.Response) -> float | None:
