@@ -21,6 +21,7 @@ from afterword.continuations.actions import (
     Event,
     SynthesisPlan,
     after_restart,
+    answer_starts_delivery,
     next_action,
     synthesis_plan,
     target,
@@ -369,3 +370,39 @@ def test_a_crash_between_synthesis_commits(local: bool, committed: int, state: s
 def test_a_local_synthesis_is_refused_while_the_origin_is_pending() -> None:
     with pytest.raises(InvalidTransition):
         lc.synthesize_locally(record("result_received", origin_context="pending"), "answer", NOW)
+
+
+# -- answer_starts_delivery: a local answer and the delivery's in-flight mark in one commit -----
+# (channel reconciles, state, mode, changes) -> one commit?
+FOLDS = [
+    (True, "result_received", "reply", {}, True),
+    (True, "result_received", "notify_if_actionable", {}, True),
+    (False, "result_received", "reply", {}, False),  # a crash in flight would need an operator
+    (True, "result_received", "capture", {}, False),  # nothing is posted
+    (True, "result_received", "reply", {"origin_context": "pending"}, False),
+    (True, "result_received", "reply", {"post_unproven": True}, False),  # held for the operator
+    (True, "result_received", "reply", {"post_unproven": True, "repost_allowed": True}, True),
+    (True, "synthesizing", "reply", {}, False),
+    (True, R, "reply", {}, False),
+]
+
+
+@pytest.mark.parametrize(("reconciles", "state", "mode", "changes", "expected"), FOLDS)
+def test_answer_starts_delivery(
+    reconciles: bool, state: str, mode: str, changes: dict[str, object], expected: bool
+) -> None:
+    rec = record(state, **changes)
+    rec = msgspec.structs.replace(rec, claim=msgspec.structs.replace(rec.claim, mode=mode))
+    assert answer_starts_delivery(rec, channel_reconciles=reconciles) is expected
+
+
+def test_the_one_commit_is_the_two_commits_it_replaces() -> None:
+    """Folded, the record is exactly what the answer's commit followed by the in-flight commit
+    would leave, so a crash after it is recovered (reconciled) the same way."""
+    rec = record("result_received")
+    folded = lc.synthesize_locally(rec, "answer", NOW, start_delivery=True)
+    assert folded == lc.begin_delivery(lc.synthesize_locally(rec, "answer", NOW), NOW)
+    assert (folded.state, folded.delivery_in_flight, folded.attempts.delivery) == (R, True, 1)
+    assert next_action(folded, NOW).kind == "none"  # in flight: nothing else may post it
+    after = after_restart(folded, None, NOW)  # without reconciliation: unknown, never reposted
+    assert after.state == "delivery_unknown"

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from fakes.harness import make_config, running
+from fakes.harness import Harness, make_config, running
 from fakes.producer import reply_run, wait_state
 from fakes.synth import RecordingSynth
 
 from afterword.continuations.model import Continuation
-from afterword.worker import SynthesisRequest, TemplateSynthesizer
+from afterword.history import Message
+from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, TemplateSynthesizer
 from afterword.worker.synth import is_local
 
 
@@ -27,26 +28,72 @@ def test_only_the_template_and_declared_synthesizers_are_local() -> None:
     assert is_local(RecordingSynth(local=True))
 
 
+class PlainChannel:
+    """A channel that cannot reconcile (as Slack and webhooks cannot)."""
+
+    max_chunk_chars = 4000
+
+    def __init__(self) -> None:
+        self.posts: list[ChunkDelivery] = []
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        self.posts.append(delivery)
+        return ChunkReceipt(delivery_id="m-" + delivery.delivery_key, channel_id="plain")
+
+
+def _watch(h: Harness) -> list[tuple[str, bool]]:
+    """(state, in flight) of every commit after the result was accepted."""
+    committed: list[tuple[str, bool]] = []
+
+    def seen(old: Continuation | None, new: Continuation) -> None:
+        if old is not None and old.state != "claimed":
+            committed.append((new.state, new.delivery_in_flight))
+
+    h.service.on_change.append(seen)
+    return committed
+
+
 @pytest.mark.anyio
-async def test_a_template_answer_is_one_commit_from_result_received_to_ready_to_deliver(tmp_path: Path) -> None:
+async def test_a_template_answer_and_its_outbox_delivery_start_are_one_commit(tmp_path: Path) -> None:
     config, env = make_config(tmp_path)
     async with running(config, env) as h:
-        committed: list[tuple[str, bool]] = []
-
-        def seen(old: Continuation | None, new: Continuation) -> None:
-            if old is not None and old.state != "claimed":
-                committed.append((new.state, new.delivery_in_flight))
-
-        h.service.on_change.append(seen)
+        committed = _watch(h)
         claimed = await reply_run(h.service, h.producer, {"summary": "Indexed 42 files"})
         rec = await wait_state(h.service, claimed.id)
         status = await h.producer.status(claimed)
-    assert committed == [("ready_to_deliver", False), ("ready_to_deliver", True), ("delivered", False)]
+    # result_received -> (answer + in flight) -> delivered: the outbox can reconcile a crash.
+    assert committed == [("ready_to_deliver", True), ("delivered", False)]
     assert [c.state for c in rec.history] == ["claimed", "result_received", "ready_to_deliver", "delivered"]
     assert status["attempts"] == {"synthesis": 1, "delivery": 1}
     assert status["completionKind"] == "synthesized"
     [line] = h.outbox()
     assert line["text"] == "Update on your earlier request: Indexed 42 files"
+
+
+@pytest.mark.anyio
+async def test_on_a_channel_that_cannot_reconcile_the_answer_is_committed_before_the_in_flight_mark(
+    tmp_path: Path,
+) -> None:
+    channel = PlainChannel()
+    config, env = make_config(tmp_path)
+    async with running(config, env, channels={"*": channel}) as h:
+        committed = _watch(h)
+        claimed = await reply_run(h.service, h.producer, {"summary": "x"})
+        rec = await wait_state(h.service, claimed.id)
+    assert committed == [("ready_to_deliver", False), ("ready_to_deliver", True), ("delivered", False)]
+    assert rec.state == "delivered" and rec.attempts.synthesis == 1 and len(channel.posts) == 1
+
+
+@pytest.mark.anyio
+async def test_a_captured_template_answer_is_committed_then_captured(tmp_path: Path) -> None:
+    config, env = make_config(tmp_path)
+    async with running(config, env) as h:
+        committed = _watch(h)
+        claimed = await h.producer.detached(h.service.base_url, "verification", "verify-1")
+        await h.producer.submit(claimed, {"summary": "checked"})
+        rec = await wait_state(h.service, claimed.id)
+    assert committed == [("ready_to_deliver", False), ("delivered", False)]
+    assert rec.receipt is not None and rec.receipt.kind == "captured" and h.outbox() == []
 
 
 @pytest.mark.anyio
@@ -104,3 +151,28 @@ async def test_a_stop_during_a_local_synthesis_leaves_it_to_run_again_after_rest
     assert rec.state == "delivered" and rec.attempts.synthesis == 1
     assert len(again.calls) == 1
     assert [line["deliveryKey"] for line in h2.outbox()] == [f"{claimed.id}:0"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("template", [True, False])
+async def test_a_detached_route_history_is_read_only_for_a_synthesizer_that_reads_context(
+    tmp_path: Path, template: bool
+) -> None:
+    synth = None if template else RecordingSynth("answer")
+    config, env = make_config(tmp_path)
+    reads: list[str] = []
+    async with running(config, env, synthesizer=synth) as h:
+        history = h.worker.synthesis.history
+        assert history is not None
+        real = history.latest
+
+        async def latest(conversation_id: str, limit: int) -> list[Message]:
+            reads.append(conversation_id)
+            return await real(conversation_id, limit)
+
+        history.latest = latest  # type: ignore[method-assign]
+        claimed = await h.producer.detached(h.service.base_url, "daily-attention", "daily-1")
+        await h.producer.submit(claimed, {"summary": "2 certificates expire", "actionable": True})
+        rec = await wait_state(h.service, claimed.id)
+    assert rec.state == "delivered"
+    assert len(reads) == (0 if template else 1)

@@ -26,6 +26,7 @@ __all__ = [
     "Event",
     "SynthesisPlan",
     "after_restart",
+    "answer_starts_delivery",
     "next_action",
     "synthesis_plan",
     "target",
@@ -98,6 +99,27 @@ def synthesis_plan(local: bool) -> SynthesisPlan:
     """The commits of one synthesis: ``local`` is True only for a synthesizer that is pure and
     deterministic and calls nothing outside the process (the template renderer)."""
     return LOCAL_PLAN if local else REMOTE_PLAN
+
+
+def answer_starts_delivery(rec: Continuation, *, channel_reconciles: bool) -> bool:
+    """Whether a local synthesizer's answer for ``rec`` (still ``result_received``) may be
+    committed together with the start of its delivery: the text and the in-flight mark in one
+    commit (``lifecycle.synthesize_locally(..., start_delivery=True)``).
+
+    Only when the channel can reconcile: a crash after that commit is then settled from the
+    channel (posted, or posted now), exactly as a crash after a separate in-flight commit
+    would be. On a channel that cannot, the in-flight mark makes such a crash an unknown
+    outcome for an operator, so the answer is committed on its own first and a crash before
+    the post simply delivers it. Never for a capture (nothing is posted) or for a record that
+    may not be posted without an operator (lifecycle invariant 5).
+    """
+    return (
+        channel_reconciles
+        and rec.state == "result_received"
+        and not rec.deferred
+        and rec.claim.mode != "capture"
+        and may_post(rec)
+    )
 
 
 def after_restart(rec: Continuation, activated_ids: Collection[str] | None, now_ms: int) -> Continuation:

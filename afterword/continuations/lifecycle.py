@@ -155,14 +155,18 @@ def finish_synthesis(rec: Continuation, text: str, now_ms: int) -> Continuation:
     )
 
 
-def synthesize_locally(rec: Continuation, text: str, now_ms: int) -> Continuation:
+def synthesize_locally(
+    rec: Continuation, text: str, now_ms: int, *, start_delivery: bool = False
+) -> Continuation:
     """A local synthesizer's answer: the attempt and the text in one commit, straight from
-    ``result_received`` (no durable ``synthesizing``: the run had no outside effect)."""
+    ``result_received`` (no durable ``synthesizing``: the run had no outside effect).
+    ``start_delivery`` also marks the first delivery attempt in flight, in the same commit
+    (only where :func:`.actions.answer_starts_delivery` allows it)."""
     require(rec, "synthesize_locally")
     if rec.deferred:
         raise InvalidTransition("pending origin", "synthesize_locally")
     attempts = Attempts(synthesis=rec.attempts.synthesis + 1, delivery=rec.attempts.delivery)
-    return msgspec.structs.replace(
+    ready = msgspec.structs.replace(
         rec,
         state=move(rec, "synthesize_locally"),
         attempts=attempts,
@@ -170,6 +174,7 @@ def synthesize_locally(rec: Continuation, text: str, now_ms: int) -> Continuatio
         completion_kind="synthesized",
         updated_at_ms=now_ms,
     )
+    return begin_delivery(ready, now_ms) if start_delivery else ready
 
 
 def prepare_without_model(rec: Continuation, kind: CompletionKind, now_ms: int) -> Continuation:

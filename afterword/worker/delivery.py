@@ -12,6 +12,7 @@ import anyio
 
 from ..app.ports import WorkerPorts
 from ..continuations import lifecycle
+from ..continuations.actions import answer_starts_delivery
 from ..continuations.model import Continuation, Receipt
 from ..disk import DiskError
 from ..history import ConversationHistory, Message
@@ -38,11 +39,20 @@ class Delivery(Steps):
         self.history = history
         self.jitter = jitter  # the share of the backoff that is random, in [0, 1)
 
-    async def deliver(self, cid: str) -> None:
+    async def deliver(self, cid: str, *, answer: str | None = None) -> None:
+        """Deliver ``cid``'s answer. ``answer``: a local synthesizer's text for a record still
+        ``result_received``, not committed yet; it is committed with the start of the delivery
+        in one step where the core allows it (``answer_starts_delivery``), else on its own first."""
         ports = self.ports
         now = self.now
+        if answer is not None and not self.folds(cid):
+            local = answer
+            await self.transition(cid, lambda r: lifecycle.synthesize_locally(r, local, now()))
+            answer = None
         rec = ports.repo.get(cid)
-        if rec is None or rec.state not in ("ready_to_deliver", "delivery_retry") or rec.text is None:
+        if rec is None:
+            return
+        if answer is None and (rec.state not in ("ready_to_deliver", "delivery_retry") or rec.text is None):
             return
         if not ports.claim_intact(rec):
             await self.binding_failed(cid, ())
@@ -62,8 +72,15 @@ class Delivery(Steps):
         found = self.routes.channel(dest)
         assert found is not None
         channel = found[0]
-        chunks = split_chunks(rec.text, channel.max_chunk_chars)
-        rec = await self.transition(cid, lambda r: lifecycle.begin_delivery(r, now()))
+        text = rec.text if answer is None else answer
+        assert text is not None
+        chunks = split_chunks(text, channel.max_chunk_chars)
+        if answer is None:
+            rec = await self.transition(cid, lambda r: lifecycle.begin_delivery(r, now()))
+        else:
+            rec = await self.transition(
+                cid, lambda r: lifecycle.synthesize_locally(r, text, now(), start_delivery=True)
+            )
         receipts: list[ChunkReceipt] = []
         timeout = ports.config.limits.delivery_timeout_ms / 1000
         try:
@@ -139,6 +156,14 @@ class Delivery(Steps):
             await self.transition(cid, lambda r: lifecycle.delivery_unknown(r, "delivery_error", reason, now()))
             return
         await self.confirmed(cid, rec, receipts, timeout)
+
+    def folds(self, cid: str) -> bool:
+        """Whether a local answer for ``cid`` goes in one commit with the delivery's start."""
+        rec = self.ports.repo.get(cid)
+        if rec is None or rec.claim.reply_to is None or self.routes.problem(rec) is not None:
+            return False
+        found = self.routes.channel(rec.claim.reply_to)
+        return found is not None and answer_starts_delivery(rec, channel_reconciles=can_reconcile(found[0]))
 
     async def confirmed(self, cid: str, rec: Continuation, receipts: list[ChunkReceipt], timeout: float) -> None:
         """Every chunk is confirmed: from here the outcome is "delivered" whatever the history

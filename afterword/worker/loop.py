@@ -33,7 +33,7 @@ from .delivery import Delivery
 from .routes import Routes
 from .steps import BindingInvalid, Fallback, Steps
 from .synth import Synthesizer
-from .synthesis import Synthesis
+from .synthesis import LocalAnswer, Synthesis
 
 __all__ = ["DRAIN_SECONDS", "RETENTION_INTERVAL_S", "SCAN_INTERVAL_S", "BindingInvalid", "Fallback", "Worker"]
 
@@ -86,7 +86,10 @@ class Worker(Steps):
     # -- the steps (for hosts and tests that drive the worker themselves) --------------------
     async def synthesize(self, cid: str) -> None:
         """Synthesize ``cid`` if it is due, then deliver the answer."""
-        if await self.synthesis.run(cid):
+        outcome = await self.synthesis.run(cid)
+        if isinstance(outcome, LocalAnswer):
+            await self.delivery.deliver(cid, answer=outcome.text)
+        elif outcome:
             await self.delivery.deliver(cid)
 
     async def deliver(self, cid: str) -> None:

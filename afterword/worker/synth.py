@@ -41,6 +41,8 @@ class Synthesizer(Protocol):
     nothing outside the process (the template renderer). The worker then commits its answer
     in one step from ``result_received`` instead of committing ``synthesizing`` first
     (``continuations.actions.synthesis_plan``). Without the attribute it is treated as remote.
+    One that never reads ``request.messages`` may declare ``reads_context = False``; a detached
+    route's history is then not read for it (a pinned snapshot is still checked).
     """
 
     async def synthesize(self, request: SynthesisRequest) -> str: ...
@@ -48,6 +50,10 @@ class Synthesizer(Protocol):
 
 def is_local(synthesizer: object) -> bool:
     return getattr(synthesizer, "local", False) is True
+
+
+def reads_context(synthesizer: object) -> bool:
+    return getattr(synthesizer, "reads_context", True) is not False
 
 
 INSTRUCTIONS = (
@@ -126,6 +132,7 @@ class TemplateSynthesizer:
     """
 
     local = True  # pure rendering, nothing outside the process: see Synthesizer
+    reads_context = False  # renders the payload alone
 
     async def synthesize(self, request: SynthesisRequest) -> str:
         return render_template(request.payload)

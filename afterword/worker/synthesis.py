@@ -5,6 +5,7 @@ synthesizer (the template) commits its answer in one step instead (``synthesis_p
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import anyio
 import msgspec
@@ -21,10 +22,17 @@ from ..disk import DiskError
 from ..history import ConversationHistory
 from .routes import Routes
 from .steps import BindingInvalid, Fallback, Steps
-from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages, is_local
+from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages, is_local, reads_context
 
 log = logging.getLogger("afterword.worker")
 _json = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True)
+class LocalAnswer:
+    """A local synthesizer's answer, not committed yet (see ``Delivery.deliver``)."""
+
+    text: str
 
 
 class Synthesis(Steps):
@@ -61,7 +69,7 @@ class Synthesis(Steps):
                 raise Fallback("snapshot belongs to another conversation")
             return context_messages(snapshot.messages)
         if rec.origin_context == "detached_latest":
-            if not claim.conversation_id or self.history is None:
+            if not claim.conversation_id or self.history is None or not reads_context(self.synthesizer):
                 return ()
             latest = await self.history.latest(claim.conversation_id, MAX_MESSAGES)
             # The same caps as an origin snapshot (64 messages, 64 KiB each, 256 KiB in all;
@@ -78,8 +86,10 @@ class Synthesis(Steps):
     async def fail(self, cid: str, code: str, message: str) -> None:
         await self.transition(cid, lambda r: lifecycle.fail_synthesis(r, code, message, self.now()))
 
-    async def run(self, cid: str) -> bool:
-        """Synthesize ``cid`` if it is due; True when an answer is ready to deliver now."""
+    async def run(self, cid: str) -> bool | LocalAnswer:
+        """Synthesize ``cid`` if it is due; True when an answer is ready to deliver now. A
+        local synthesizer's answer is returned uncommitted (:class:`LocalAnswer`): the caller
+        commits it, together with the start of its delivery where the core allows it."""
         ports = self.ports
         rec = ports.repo.get(cid)
         if rec is None or rec.state != "result_received" or rec.deferred or rec.result is None:
@@ -148,6 +158,7 @@ class Synthesis(Steps):
         if not isinstance(text, str) or not text:
             await self.fail(cid, "synthesis_empty", "empty answer")
             return False
-        finish = lifecycle.synthesize_locally if plan.finish == "synthesize_locally" else lifecycle.finish_synthesis
-        await self.transition(cid, lambda r: finish(r, text, now()))
+        if plan.finish == "synthesize_locally":
+            return LocalAnswer(text)
+        await self.transition(cid, lambda r: lifecycle.finish_synthesis(r, text, now()))
         return True
