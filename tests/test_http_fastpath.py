@@ -33,7 +33,7 @@ from afterword.disk import DurabilityError, StorageFullError
 from afterword.http.app import create_app
 from afterword.http.fastpath import DEFAULT_ON, ENV_SWITCH, FastPath, create_asgi_app, match, switch_on
 from afterword.http.listener import serve_socket
-from afterword.http.server import hypercorn_config
+from afterword.http.server import ServeError, hypercorn_config
 
 pytestmark = pytest.mark.anyio
 
@@ -574,3 +574,12 @@ def test_ci_runs_the_http_suite_with_the_other_setting() -> None:
         rf"^{ENV_SWITCH}=([01]) python -m pytest .*tests/test_http_\*\.py", ci, re.MULTILINE
     )
     assert settings == ["0" if DEFAULT_ON else "1"], settings
+
+
+async def test_a_bad_switch_value_stops_serve_with_a_plain_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_SWITCH, "yes")
+    with pytest.raises(ServeError, match=f"{ENV_SWITCH} must be 0 or 1"):
+        async with serving(tmp_path):
+            pass

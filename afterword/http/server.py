@@ -19,7 +19,7 @@ from ..app.service import ContinuationService
 from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
 from .app import MAX_REQUEST_HEAD
-from .fastpath import create_asgi_app
+from .fastpath import DEFAULT_ON, create_asgi_app, switch_on
 from .listener import AcceptLoop, connection_cap, serve_socket
 
 log = logging.getLogger("afterword.http")
@@ -66,12 +66,17 @@ class HttpServer:
         self._stop = anyio.Event()
         self._done = anyio.Event()
         self._sock: socket.socket | None = None
+        self._fastpath = DEFAULT_ON
         self.acceptor: AcceptLoop | None = None
         """The accept loop while serving (its counters are the connection statistics)."""
 
     def bind(self) -> None:
         """Listen on the configured loopback port now (raises ``ServeError`` at once)."""
         if self._sock is None:
+            try:  # read here, outside any task group, so a bad value is a plain ServeError
+                self._fastpath = switch_on()
+            except ValueError as exc:
+                raise ServeError(str(exc)) from None
             cfg = self.service.config
             self._sock = _bind(cfg.host, cfg.port)
 
@@ -86,10 +91,7 @@ class HttpServer:
         self.bind()
         assert self._sock is not None
         hc = hypercorn_config(self._sock)
-        try:
-            app = create_asgi_app(self.service)
-        except ValueError as exc:  # a bad AFTERWORD_HTTP_FASTPATH value
-            raise ServeError(str(exc)) from None
+        app = create_asgi_app(self.service, fastpath=self._fastpath)
         tg.start_soon(self._run, app, hc)
         log.info("serving on %s", self.service.base_url)
 
