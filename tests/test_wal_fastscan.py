@@ -25,6 +25,7 @@ from afterword.wal.frame import (
     SegmentHeader,
     encode_frame,
     encode_segment_header,
+    find_aligned_py,
     read_run,
     read_run_py,
 )
@@ -122,13 +123,32 @@ def test_replay_plan_is_the_same_with_and_without_the_c_scan(seg: tuple[bytes, i
             return (type(exc), str(exc))
 
     with_c = plan()
-    saved = frame.fast_read_run
-    frame.fast_read_run = None
+    saved = frame.fast_read_run, frame.fast_find_aligned
+    frame.fast_read_run = frame.fast_find_aligned = None
     try:
         without = plan()
     finally:
-        frame.fast_read_run = saved
+        frame.fast_read_run, frame.fast_find_aligned = saved
     assert with_c == without
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pattern=st.sampled_from([b"LAWSHDW\x01", b"\x01\x02\x03\x04", b"\x00\x00\x00\x00", b"ab"]),
+    size=st.integers(min_value=0, max_value=300),
+    at=st.lists(st.integers(min_value=0, max_value=300), max_size=5),
+    start=st.integers(min_value=0, max_value=320),
+    filler=st.sampled_from([b"\x00", b"\x01", b"L"]),
+)
+def test_c_aligned_search_finds_what_the_python_search_finds(
+    pattern: bytes, size: int, at: list[int], start: int, filler: bytes
+) -> None:
+    need_c_scan()
+    buf = bytearray(filler * size)
+    for pos in at:
+        buf[pos : pos + len(pattern)] = pattern
+    data = bytes(buf)
+    assert native.fast_find_aligned(data, pattern, start) == find_aligned_py(data, pattern, start)
 
 
 def test_read_run_uses_the_python_loop_when_the_c_scan_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,6 +164,7 @@ def test_read_run_uses_the_python_loop_when_the_c_scan_is_absent(monkeypatch: py
         return read_run_py(*args)
 
     monkeypatch.setattr(frame, "fast_read_run", None)
+    monkeypatch.setattr(frame, "fast_find_aligned", None)
     monkeypatch.setattr("afterword.wal.frame.read_run_py", spy)
     out: list[Frame] = []
     end = read_run(bytes(data), SEGMENT_HEADER_SIZE, salt, 7, 1024, out)
@@ -164,7 +185,7 @@ def test_a_store_opens_and_replays_on_the_pure_python_scan(tmp_path: Path) -> No
         "import sys\n"
         "from afterword.store import RecordStore, Put\n"
         "from afterword.wal import native\n"
-        "assert native.fast_read_run is None\n"
+        "assert native.fast_read_run is None and native.fast_find_aligned is None\n"
         "s = RecordStore.open(sys.argv[1])\n"
         "for i in range(50): s.transact_sync([Put(f'k/{i % 7}', b'v%d' % i)])\n"
         "s.close()\n"

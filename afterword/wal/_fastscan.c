@@ -161,8 +161,47 @@ fail:
     return NULL;
 }
 
+/* find_aligned(data, pattern, start): the first offset p >= start on the 8-byte grid where
+ * data holds pattern, or -1 (afterword.wal.frame.find_aligned_py is the reference). The
+ * searches for shadows and leftovers after the end of a log cover the rest of a segment,
+ * mostly zeros; only grid positions can hold a frame or a shadow, so only those are tried. */
+static PyObject *find_aligned(PyObject *self, PyObject *args)
+{
+    Py_buffer view, pat;
+    Py_ssize_t start;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*n:find_aligned", &view, &pat, &start)) {
+        return NULL;
+    }
+    Py_ssize_t found = -1;
+    if (start < 0) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&pat);
+        PyErr_SetString(PyExc_ValueError, "find_aligned: negative start");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)view.buf;
+    const unsigned char *p = (const unsigned char *)pat.buf;
+    const Py_ssize_t n = view.len, m = pat.len;
+    Py_ssize_t pos = (start + ALIGN - 1) / ALIGN * ALIGN;
+    if (m == 0) {
+        found = pos <= n ? pos : -1;
+    } else {
+        for (; pos <= n - m; pos += ALIGN) {
+            if (data[pos] == p[0] && memcmp(data + pos, p, (size_t)m) == 0) {
+                found = pos;
+                break;
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&pat);
+    return PyLong_FromSsize_t(found);
+}
+
 static PyMethodDef methods[] = {
     {"read_run", read_run, METH_VARARGS, "Walk one segment's run of frames (see afterword.wal.frame.read_run)."},
+    {"find_aligned", find_aligned, METH_VARARGS, "First grid offset holding a pattern (see frame.find_aligned)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from .native import fast_read_run
+from .native import fast_find_aligned, fast_read_run
 
 SEGMENT_MAGIC_V3 = b"AWWAL\x03\x00\x00"
 SEGMENT_MAGIC = b"AWWAL\x04\x00\x00"
@@ -117,6 +117,23 @@ def decode_frame_at(data: bytes | memoryview, offset: int, salt: int, max_payloa
     if h.intdigest() != check:
         return None
     return Frame(offset, lsn, batch_start, payload, offset + frame_size(length))
+
+
+def find_aligned(data: bytes, pattern: bytes, start: int) -> int:
+    """The first offset at or after ``start`` on the 8-byte grid where ``data`` holds
+    ``pattern``, or -1: only grid offsets can start a frame or a shadow. In C when it is built
+    (``native.py``): these searches cover the rest of a segment after the end of the log."""
+    fast = fast_find_aligned  # a module global, so a test can turn the C loop off
+    if fast is not None and start >= 0:
+        return fast(data, pattern, start)
+    return find_aligned_py(data, pattern, start)
+
+
+def find_aligned_py(data: bytes, pattern: bytes, start: int) -> int:
+    pos = data.find(pattern, start)
+    while pos != -1 and pos % ALIGN:
+        pos = data.find(pattern, pos + 1)
+    return pos
 
 
 def is_end_marker(data: bytes | memoryview, offset: int) -> bool:

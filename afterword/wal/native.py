@@ -1,8 +1,9 @@
 """The optional C frame scan (``_fastscan.c``), built by ``setup.py`` when a compiler is there.
 
-``fast_read_run`` is its ``read_run``, or None when the module was not built (no compiler or
-Python headers at install time) or ``AFTERWORD_PURE_PYTHON_SCAN=1`` is set; ``frame.read_run``
-then uses its Python loop, which is the reference the C loop is tested against.
+``fast_read_run`` and ``fast_find_aligned`` are its functions, or None when the module was not
+built (no compiler or Python headers at install time) or ``AFTERWORD_PURE_PYTHON_SCAN=1`` is
+set; ``frame.read_run`` and ``frame.find_aligned`` then use their Python loops, which are the
+reference the C ones are tested against.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ import os
 from collections.abc import Callable
 
 
-def _load() -> Callable[..., tuple[int, int]] | None:
+def _load() -> tuple[Callable[..., tuple[int, int]] | None, Callable[[bytes, bytes, int], int] | None]:
     if os.environ.get("AFTERWORD_PURE_PYTHON_SCAN") == "1":
-        return None
+        return None, None
     try:
-        from ._fastscan import read_run
+        from ._fastscan import find_aligned, read_run
     except ImportError:
-        return None
-    return read_run
+        return None, None
+    return read_run, find_aligned
 
 
-fast_read_run = _load()
+fast_read_run, fast_find_aligned = _load()

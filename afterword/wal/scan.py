@@ -23,13 +23,13 @@ from typing import NamedTuple
 
 from .errors import WalCorruptError, WalEvidenceError
 from .frame import (
-    ALIGN,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     Frame,
     SegmentHeader,
     decode_frame_at,
     decode_segment_header,
+    find_aligned,
     marker_for,
     read_run,
 )
@@ -74,15 +74,14 @@ def _our_frames_after(data: bytes, start: int, salt: int, max_payload: int) -> t
     pattern = struct.pack("<I", marker_for(salt))
     found: list[Frame] = []
     last_hit_end = start
-    pos = data.find(pattern, start)
+    pos = find_aligned(data, pattern, start)
     while pos != -1:
-        if pos % ALIGN == 0:
-            last_hit_end = max(last_hit_end, pos + FRAME_HEADER_SIZE)
-            frame = decode_frame_at(data, pos, salt, max_payload)
-            if frame is not None:
-                found.append(frame)
-                last_hit_end = max(last_hit_end, frame.end)
-        pos = data.find(pattern, pos + 1)
+        last_hit_end = max(last_hit_end, pos + FRAME_HEADER_SIZE)
+        frame = decode_frame_at(data, pos, salt, max_payload)
+        if frame is not None:
+            found.append(frame)
+            last_hit_end = max(last_hit_end, frame.end)
+        pos = find_aligned(data, pattern, pos + 1)
     return found, min(last_hit_end, len(data))
 
 

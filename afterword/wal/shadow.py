@@ -34,6 +34,8 @@ from typing import NamedTuple
 
 import xxhash
 
+from .frame import find_aligned
+
 SHADOW_MAGIC = b"LAWSHDW\x01"
 SHADOW_HEADER_SIZE = 60
 SHADOW_OVERHEAD = SHADOW_HEADER_SIZE + 4  # bytes a shadow takes besides its copy
@@ -86,11 +88,10 @@ def decode_shadow_at(data: bytes | memoryview, offset: int, salt: int) -> Shadow
 def find_shadow(data: bytes, salt: int, offset: int, lsn: int) -> Shadow | None:
     """A valid shadow at or after ``offset`` covering ``lsn`` whose frames start at or before
     ``offset`` (the caller checks that they start where the log has that batch)."""
-    pos = data.find(SHADOW_MAGIC, offset)
+    pos = find_aligned(data, SHADOW_MAGIC, offset)
     while pos != -1:
-        if pos % ALIGN == 0:
-            found = decode_shadow_at(data, pos, salt)
-            if found is not None and found.start <= offset and found.first_lsn <= lsn <= found.last_lsn:
-                return found
-        pos = data.find(SHADOW_MAGIC, pos + 1)
+        found = decode_shadow_at(data, pos, salt)
+        if found is not None and found.start <= offset and found.first_lsn <= lsn <= found.last_lsn:
+            return found
+        pos = find_aligned(data, SHADOW_MAGIC, pos + 1)
     return None
