@@ -186,6 +186,30 @@ def build_sqlite_rows(path: str, active: int, tombstones: int) -> None:
         conn.close()
 
 
+def build_sqlite_from_store(store_path: str, path: str) -> None:
+    """An SQLite database (WAL mode) holding every record of a closed store as rows, and
+    beside them the tombstones' summaries (table ``summaries``), as a service on SQLite would
+    keep the index it reads at start."""
+    from afterword.app.repository import TOMB
+    from afterword.app.tombstones import SUMMARIZER
+
+    with RecordStore.open(store_path, disk=NoSyncDisk()) as store:
+        rows = [(rec.key, rec.lsn, rec.value) for rec in store.items()]
+    summaries = [(key, SUMMARIZER.summarize(value)) for key, _, value in rows if key.startswith(TOMB)]
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE records (key TEXT PRIMARY KEY, lsn INTEGER NOT NULL, value BLOB NOT NULL)")
+        conn.execute("CREATE TABLE summaries (key TEXT PRIMARY KEY, summary BLOB NOT NULL)")
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO records (key, lsn, value) VALUES (?, ?, ?)", rows)
+        conn.executemany("INSERT INTO summaries (key, summary) VALUES (?, ?)", summaries)
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
 def log_options(log_mib: int) -> StoreOptions:
     """Store options under which a ``log_mib`` log is kept whole (no checkpoint)."""
     return StoreOptions(wal=WalOptions(max_log_bytes=(log_mib + 64) * MiB), auto_checkpoint=False)

@@ -12,19 +12,21 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 from . import workloads as w
 from .common import (
     build_checkpointed_store,
     build_logged_store,
+    build_sqlite_from_store,
     build_sqlite_rows,
     describe_filesystem,
     median,
@@ -34,6 +36,7 @@ from .common import (
     scratch_dir,
     settle,
 )
+from .e2e_rss import fill_state
 
 CONCURRENCY = (1, 4, 16, 64)
 STORE_CONCURRENCY = (1, 64)
@@ -107,6 +110,26 @@ def all_cases(profile: Profile, fixtures: dict[str, str]) -> list[Case]:
     store_path, sqlite_path = fixtures["open-store"], fixtures["open-sqlite"]
     cases.append(Case(AFTERWORD_STORE, label, "open", None, lambda _d: w.afterword_open(store_path)))
     cases.append(Case(SQLITE, label, "open", None, lambda _d: w.sqlite_open(sqlite_path)))
+    # The service's own records: the open plus what `afterword serve` reads before it listens,
+    # against SQLite loading the same rows.
+    service_label = f"{label}, serve's indexes"
+    service_path, service_sqlite = fixtures["open-service"], fixtures["open-service-sqlite"]
+    cases.append(Case(AFTERWORD_STORE, service_label, "open", None, lambda _d: w.afterword_service_open(service_path)))
+    cases.append(Case(SQLITE, service_label, "open", None, lambda _d: w.sqlite_open(service_sqlite)))
+    reads_label = f"{label}, serve's reads"
+    cases.append(Case(AFTERWORD_STORE, reads_label, "open", None, lambda _d: w.afterword_service_reads(service_path)))
+    cases.append(Case(SQLITE, reads_label, "open", None, lambda _d: w.sqlite_service_rows(service_sqlite)))
+    # The same, from a catalog without tombstone summaries: every tombstone read (as before them).
+    unsummarized = fixtures["open-service-unsummarized"]
+    cases.append(
+        Case(
+            AFTERWORD_STORE,
+            f"{service_label}, no summaries",
+            "open",
+            None,
+            lambda _d: w.afterword_service_open(unsummarized),
+        )
+    )
     for mib in profile.log_mib:
         path = fixtures[f"log-{mib}"]
         cases.append(
@@ -129,6 +152,12 @@ def build_fixtures(profile: Profile, root: str, say: Callable[[str], None]) -> d
     began = time.perf_counter()
     build_checkpointed_store(fixtures["open-store"], profile.active, profile.tombstones)
     build_sqlite_rows(fixtures["open-sqlite"], profile.active, profile.tombstones)
+    fixtures["open-service"] = os.path.join(root, "open-service")
+    fixtures["open-service-sqlite"] = os.path.join(root, "open-service.sqlite")
+    fill_state(fixtures["open-service"], profile.active, profile.tombstones, "daily", "bench:conversation")
+    build_sqlite_from_store(fixtures["open-service"], fixtures["open-service-sqlite"])
+    fixtures["open-service-unsummarized"] = path = os.path.join(root, "open-service-unsummarized")
+    fill_state(path, profile.active, profile.tombstones, "daily", "bench:conversation", summaries=False)
     for mib in profile.log_mib:
         fixtures[f"log-{mib}"] = path = os.path.join(root, f"log-{mib}")
         build_logged_store(path, mib)
@@ -162,7 +191,7 @@ def _summarize(case: Case, samples: Sequence[w.Sample]) -> Row:
 
 
 def _ratios(rows: list[Row]) -> None:
-    limit = next(r.ops_per_s for r in rows if r.system == LIMIT and r.setting == LIMIT_PREALLOC)
+    limit = next((r.ops_per_s for r in rows if r.system == LIMIT and r.setting == LIMIT_PREALLOC), math.nan)
     sqlite_commit = {r.concurrency: r.ops_per_s for r in rows if r.system == SQLITE and r.kind == "commit"}
     sqlite_open = {r.setting: r.ops_per_s for r in rows if r.system == SQLITE and r.kind == "open"}
     for r in rows:
@@ -322,11 +351,16 @@ def measure(cases: Sequence[Case], reps: int, base: str, say: Callable[[str], No
     return rows
 
 
-def run(profile: Profile, base: str, say: Callable[[str], None]) -> tuple[list[Row], dict[str, object]]:
+def run(
+    profile: Profile, base: str, say: Callable[[str], None], *, kinds: Sequence[str] | None = None
+) -> tuple[list[Row], dict[str, object]]:
     began = time.time()
     with scratch_dir(base, prefix="afterword-fixtures-") as fixture_root:
+        if kinds is not None and "replay" not in kinds:
+            profile = replace(profile, log_mib=())
         fixtures = build_fixtures(profile, fixture_root, say)
-        rows = measure(all_cases(profile, fixtures), profile.reps, base, say)
+        cases = [c for c in all_cases(profile, fixtures) if kinds is None or c.kind in kinds]
+        rows = measure(cases, profile.reps, base, say)
     meta: dict[str, object] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)),
         "duration_s": round(time.time() - began, 1),
@@ -344,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", metavar="DIR", help="scratch directory (default: on the repo's file system)")
     parser.add_argument("--reps", type=int, help="repetitions per figure (median reported)")
     parser.add_argument("--seconds", type=float, help="measurement window of each commit sample")
+    parser.add_argument(
+        "--kinds", nargs="+", choices=["commit", "open", "replay"], help="measure only these kinds of case"
+    )
     args = parser.parse_args(argv)
     profile = QUICK if args.quick else FULL
     if args.reps is not None or args.seconds is not None:
@@ -359,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"# {msg}", file=sys.stderr, flush=True)
 
-    rows, meta = run(profile, base, say)
+    rows, meta = run(profile, base, say, kinds=args.kinds)
     results = targets(rows)
     m = meta["machine"]
     assert isinstance(m, dict)

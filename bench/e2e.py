@@ -487,7 +487,8 @@ def report(figures: list[Figure], rss: RssFigure | None = None) -> None:
     if rss is not None:
         print(
             f"serve RSS with {rss.active:,} active + {rss.tombstones:,} tombstones: {rss.rss_mib:.1f} MiB "
-            f"(empty state {rss.empty_rss_mib:.1f} MiB; listening after {rss.open_seconds:.2f} s)"
+            f"(empty state {rss.empty_rss_mib:.1f} MiB; listening after {rss.open_seconds:.2f} s, "
+            f"{rss.empty_open_seconds or 0:.2f} s on the empty state)"
         )
 
 
@@ -527,13 +528,13 @@ async def bench_rss(base: str, active: int, tombstones: int) -> RssFigure:
         config_path = write_config(root)
         config = json.loads(config_path.read_text())["continuations"]
         env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(REPO)}
-        empty, _ = await serve_rss(config_path, config["port"], env, REPO)
+        empty, empty_seconds = await serve_rss(config_path, config["port"], env, REPO)
         route = config["namedRoutes"][ROUTE]
         await anyio.to_thread.run_sync(
             fill_state, str(root / config["stateDir"]), active, tombstones, ROUTE, route["conversationId"]
         )
         full, seconds = await serve_rss(config_path, config["port"], env, REPO)
-        return RssFigure(active, tombstones, empty, full, seconds)
+        return RssFigure(active, tombstones, empty, full, seconds, empty_seconds)
 
 
 async def bench_dbos(base: str, n: int, inflight: int) -> Figure:

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 
 from afterword.app.keys import ServiceKeys
-from afterword.app.repository import LIVE, TOMB
+from afterword.app.repository import LIVE, TOMB, Repository
 from afterword.continuations.capabilities import continuation_id, fingerprint
 from afterword.continuations.model import Claim, Continuation, Receipt, Tombstone, encode
 from afterword.disk import NoSyncDisk
@@ -37,6 +37,7 @@ class RssFigure:
     empty_rss_mib: float
     rss_mib: float
     open_seconds: float
+    empty_open_seconds: float | None = None  # listening after, on the empty state
 
 
 def _claim(keys: ServiceKeys, key: str, route: str, conversation: str, now_ms: int) -> Claim:
@@ -58,8 +59,13 @@ def _claim(keys: ServiceKeys, key: str, route: str, conversation: str, now_ms: i
     )
 
 
-def fill_state(state_dir: str, active: int, tombstones: int, route: str, conversation: str) -> None:
-    """Add ``active`` waiting continuations and ``tombstones`` delivered tombstones to the store."""
+def fill_state(
+    state_dir: str, active: int, tombstones: int, route: str, conversation: str, *, summaries: bool = True
+) -> None:
+    """Add ``active`` waiting continuations and ``tombstones`` delivered tombstones to the store
+    and checkpoint; ``summaries=False`` leaves the catalog without tombstone summaries, as a
+    store last checkpointed by a version before them (the first start then reads every
+    tombstone, and checkpoints)."""
     store = RecordStore.open(state_dir, disk=NoSyncDisk())
     try:
         keys = ServiceKeys.derive(store.secret)
@@ -95,6 +101,10 @@ def fill_state(state_dir: str, active: int, tombstones: int, route: str, convers
             if len(puts) >= BATCH:
                 flush()
         flush()
+        if summaries:
+            # As in a running service, whose checkpoints carry the tombstone summaries its
+            # repository registered: the next start indexes tombstones without reading them.
+            Repository(store)
         store.checkpoint_sync()
     finally:
         store.close()

@@ -16,6 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from afterword.app.repository import LIVE, TOMB, Repository
+from afterword.app.tombstones import SUMMARIZER
 from afterword.disk import Disk, OsDisk, StateRoot
 from afterword.store import Put, RecordStore, StoreOptions
 from afterword.store.codec import RecordImage
@@ -346,6 +348,56 @@ def afterword_open(path: str, options: StoreOptions | None = None) -> Sample:
     finally:
         store.close()
     return Sample(records, elapsed, extra={"replayed": float(replayed)})
+
+
+def afterword_service_open(path: str) -> Sample:
+    """Open a store of the service's own records and build the indexes ``afterword serve``
+    builds before it listens (:class:`~afterword.app.repository.Repository`: every live
+    continuation read and decoded, each tombstone known by its catalogued summary), then close."""
+    began = time.perf_counter()
+    store = RecordStore.open(path)
+    try:
+        Repository(store)
+        elapsed = time.perf_counter() - began
+        records = len(store)
+        unread = store.statistics().unread
+    finally:
+        store.close()
+    return Sample(records, elapsed, extra={"unread": float(unread)})
+
+
+def afterword_service_reads(path: str) -> Sample:
+    """Open a store of the service's records and read what ``afterword serve`` reads at
+    start, at the store's level: every live continuation's bytes and each tombstone's
+    catalogued summary (no decoding, as :func:`sqlite_service_rows` does none)."""
+    began = time.perf_counter()
+    store = RecordStore.open(path)
+    try:
+        live = sum(1 for _ in store.items(LIVE))
+        summaries = store.watch(TOMB, lambda *_: None, SUMMARIZER)
+        elapsed = time.perf_counter() - began
+        unread = store.statistics().unread
+    finally:
+        store.close()
+    return Sample(live + len(summaries), elapsed, extra={"unread": float(unread)})
+
+
+def sqlite_service_rows(path: str) -> Sample:
+    """SQLite loading the same rows the service reads at start: every live continuation,
+    and the tombstones' summaries from their own table (``build_sqlite_from_store``)."""
+    began = time.perf_counter()
+    conn = sqlite3.connect(path)
+    try:
+        live = {
+            key: RecordImage(key, lsn, value)
+            for key, lsn, value in conn.execute(
+                "SELECT key, lsn, value FROM records WHERE key >= ? AND key < ?", (LIVE, LIVE[:-1] + "0")
+            )
+        }
+        summaries = conn.execute("SELECT key, summary FROM summaries").fetchall()
+    finally:
+        conn.close()
+    return Sample(len(live) + len(summaries), time.perf_counter() - began)
 
 
 def afterword_replay(path: str, log_mib: int) -> Sample:

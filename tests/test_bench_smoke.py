@@ -56,6 +56,13 @@ def test_compare_quick_reports_every_system_and_setting(tmp_path: Path) -> None:
     assert expected <= rows.keys()
     opens = {r["system"] for r in data["rows"] if r["kind"] == "open"}
     assert opens == {"afterword-store", "sqlite"}
+    # The service's start: what serve reads (and the indexes it builds), each against SQLite
+    # loading the same rows; and the same from a catalog without tombstone summaries.
+    label = next(r["setting"] for r in data["rows"] if r["kind"] == "open")
+    for what in ("serve's reads", "serve's indexes"):
+        ours, theirs = rows[("afterword-store", f"{label}, {what}")], rows[("sqlite", f"{label}, {what}")]
+        assert ours["ratio_to_sqlite"] == pytest.approx(ours["ops_per_s"] / theirs["ops_per_s"])
+    assert ("afterword-store", f"{label}, serve's indexes, no summaries") in rows
     replays = [r for r in data["rows"] if r["kind"] == "replay"]
     assert len(replays) == 2 and all(r["mb_per_s"] > 0 for r in replays)
 
@@ -195,3 +202,20 @@ async def test_a_full_log_is_checkpointed_once_not_once_per_waiting_committer(st
         assert len(store) == committers * 4
     finally:
         store.close()
+
+
+def test_service_open_workloads_read_no_tombstone(tmp_path: Path) -> None:
+    """The two service-start workloads leave every tombstone unread (they measure what serve
+    reads, not more), and a catalog without summaries makes the open read them all."""
+    from bench import workloads
+    from bench.common import build_sqlite_from_store
+    from bench.e2e_rss import fill_state
+
+    os.chmod(tmp_path, 0o700)
+    fill_state(str(tmp_path / "s"), 20, 50, "daily", "c")
+    fill_state(str(tmp_path / "n"), 20, 50, "daily", "c", summaries=False)
+    build_sqlite_from_store(str(tmp_path / "s"), str(tmp_path / "s.sqlite"))
+    assert workloads.afterword_service_reads(str(tmp_path / "s")).extra["unread"] == 50
+    assert workloads.afterword_service_open(str(tmp_path / "s")).extra["unread"] == 50
+    assert workloads.afterword_service_open(str(tmp_path / "n")).extra["unread"] == 0
+    assert workloads.sqlite_service_rows(str(tmp_path / "s.sqlite")).ops == 70

@@ -21,7 +21,7 @@ from afterword.continuations.capabilities import continuation_id, fingerprint
 from afterword.continuations.health import assess
 from afterword.continuations.model import Claim, Continuation, Receipt, Tombstone, encode
 from afterword.continuations.retention import RetentionLimits, plan_retention
-from afterword.store import Put, Record, RecordStore, Summarizer
+from afterword.store import Delete, Put, Record, RecordStore, Summarizer
 from afterword.store.catalog import decode_catalog
 from afterword.store.codec import RecordImage, decode_record, encode_record
 
@@ -116,17 +116,11 @@ def test_store_hands_over_summaries_and_keeps_them_unread(tmp_path: Path) -> Non
         found = store.watch("t/", lambda k, o, n: seen.append((k, o, n)), tag)
         assert sorted(found) == [("t/a", b"aaa"), ("t/b", b"bbb")] and seen == []
         # Deleting a record its watcher knows only by summary is still reported.
-        store.transact_sync([store_delete("t/a")])
+        store.transact_sync([Delete("t/a")])
         assert seen == [("t/a", None, None)]
     with RecordStore.open(state) as store:  # another tag: those summaries are not used
         found = store.watch("t/", lambda k, o, n: seen.append((k, o, n)), Summarizer("test/2", bytes))
         assert found == [] and [k for k, _, n in seen[1:] if n is not None] == ["t/b"]
-
-
-def store_delete(key: str):  # type: ignore[no-untyped-def]
-    from afterword.store import Delete
-
-    return Delete(key)
 
 
 # -- the service: indexes, health, pages and retention from summaries ------------------------------
@@ -320,3 +314,33 @@ async def test_damaged_tombstone_in_process(tmp_path: Path, damage: str) -> None
         with pytest.raises(IndexCorrupt):  # and every later use, until inspected and reopened
             service.list_continuations()
         assert service.continuation_health().causes[0].ids == [TOMB + cid]
+
+
+async def test_indexes_follow_changes_to_tombstones_known_only_by_summary(tmp_path: Path) -> None:
+    """After the keyset order is built: a live record compacted, an unread tombstone
+    replaced (acknowledged) and one deleted keep the indexes equal to the records."""
+    config = load(write_config(tmp_path))
+    async with afterword.open_service(config, environ=ENV, serve_http=False, run_worker=False):
+        pass
+    fill(str(config.state_dir), 4, 30)
+    async with afterword.open_service(config, environ=ENV, serve_http=False, run_worker=False) as service:
+        repo = service.repo
+        before = list_all(service)  # builds the order
+        recent = int(time.time() * 1000) - DAY  # (old ones are dropped once acknowledged)
+        expired = next(s.id for s in repo.tombstone_summaries() if s.cause == "expired" and s.terminal_at_ms > recent)
+        await service.acknowledge_continuation(expired)  # a new version of an unread tombstone
+        assert repo.tombstone_summaries() and repo.has_tombstone(expired)
+        gone = next(s for s in repo.tombstone_summaries() if s.cause is None and s.id != expired)
+        await service.store.transact([Delete(TOMB + gone.id)])  # as retention drops one
+        cancelled = next(iter(repo.live())).id
+        await service.cancel_continuation(cancelled)
+        assert (await service.apply_retention())[0] == 1  # compacted: c/ deleted, t/ put
+        tombs = list(repo.tombstones())
+        everything = sorted([*repo.live(), *tombs], key=lambda r: (r.claim.created_at_ms, r.claim.id))
+        assert list_all(service) == [r.claim.id for r in everything]
+        assert len(before) == len(everything) + 1 and gone.id not in [r.claim.id for r in everything]
+        assert +Counter(repo.state_counts) == Counter(r.state for r in everything)
+        assert next(t for t in tombs if t.claim.id == expired).acknowledged_at_ms is not None
+        health = service.continuation_health()
+        assert expired not in [i for c in health.causes for i in c.ids]
+        assert health == service.continuation_health()  # from summaries, stable

@@ -20,13 +20,21 @@ import msgspec
 from .health import attention
 from .model import Tombstone, TombstoneSummary
 
-__all__ = ["SUMMARY_TAG", "TombstoneSummary", "decode_summary", "encode_summary", "summarize"]
+__all__ = [
+    "SUMMARY_TAG",
+    "TombstoneSummary",
+    "decode_summaries",
+    "decode_summary",
+    "encode_summary",
+    "summarize",
+]
 
 SUMMARY_TAG = "tombstone-summary/1"
 
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TombstoneSummary)
+_list_decoder = msgspec.msgpack.Decoder(list[TombstoneSummary])
 
 
 def summarize(tomb: Tombstone) -> TombstoneSummary:
@@ -48,3 +56,10 @@ def encode_summary(summary: TombstoneSummary) -> bytes:
 def decode_summary(data: bytes) -> TombstoneSummary:
     """Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for bytes that are not one."""
     return _decoder.decode(data)
+
+
+def decode_summaries(count: int, body: bytes) -> list[TombstoneSummary]:
+    """``count`` encoded summaries laid end to end, decoded in one call (as the msgpack
+    array they form with a 32-bit array header in front). Raises like :func:`decode_summary`,
+    also when the bytes hold more or fewer than ``count`` summaries."""
+    return _list_decoder.decode(b"\xdd" + count.to_bytes(4, "big") + body)

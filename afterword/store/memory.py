@@ -135,14 +135,11 @@ class CommittedState:
         if summarizer is not None:
             self.summarizers[prefix] = summarizer
         if self.unread:
-            usable = summarizer is not None and self.tags.get(prefix) == summarizer.tag
-            wanted: list[CatalogEntry] = []
-            for key, e in self.unread.items():
-                if key.startswith(prefix):
-                    if usable and e.summary:
-                        summarized.append((key, e.summary))
-                    else:
-                        wanted.append(e)
+            under = [e for key, e in self.unread.items() if key.startswith(prefix)]
+            wanted = under
+            if summarizer is not None and self.tags.get(prefix) == summarizer.tag:
+                summarized = [(e.key, e.summary) for e in under if e.summary]
+                wanted = [e for e in under if not e.summary]
             for i in range(0, len(wanted), _READ_BATCH):
                 self._read(wanted[i : i + _READ_BATCH])
         for key, rec in list(self.records.items()):
