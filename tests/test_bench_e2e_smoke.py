@@ -83,3 +83,25 @@ def test_e2e_small_run_reports_every_scenario(tmp_path: Path) -> None:
     assert rss["active"] == 100 and rss["tombstones"] == 300
     assert rss["rss_mib"] > 0 and rss["empty_rss_mib"] > 0
     assert len(data["machine"]["loadavg_before"]) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_fastpath_both_measures_serve_with_the_switch_off_and_on(tmp_path: Path) -> None:
+    out = tmp_path / "e2e.json"
+    env = dict(os.environ)
+    env.pop("PYTEST_ADDOPTS", None)
+    args = ["--producers", "1", "--n", "5", "--scenarios", "detached", "--fastpath", "both"]
+    args += ["--json", str(out), "--scratch", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.e2e", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["scenario"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows.keys() == {"detached (fast path off)", "detached (fast path on)"}
+    assert all(r["rate"] > 0 and r["cpu_ms_per_continuation"] > 0 for r in rows.values())
