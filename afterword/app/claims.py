@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import Config, ConfigError
 from ..config import detached_token as read_detached_token
-from ..continuations.capabilities import continuation_id, fingerprint, parse_claim_token, verify_bearer
+from ..continuations.capabilities import continuation_id, fingerprint, verify_bearer
 from ..continuations.errors import AdmissionLimit, Closed, Conflict, Forbidden, ServiceDisabled, Unauthorized
 from ..continuations.model import Claim, Continuation, Mode, OriginContext, Tombstone
 from ..continuations.rules import (
@@ -128,7 +128,7 @@ class Claims:
     async def claim(self, token: str, req: ClaimRequest) -> ClaimResponse:
         """A request-bound claim from a selected server during its MCP request."""
         self.require_enabled()
-        cap_id = parse_claim_token(self.keys.claim, token)
+        cap_id = self.keys.claim_capability(token)
         if cap_id is None:
             raise Unauthorized("a valid claim capability is required")
         cap = self.capabilities.get(cap_id)
@@ -181,7 +181,7 @@ class Claims:
     def authenticate_claim(self, token: str) -> None:
         """Refuse a claim token that this service never issued, before its body is read."""
         self.require_enabled()
-        if parse_claim_token(self.keys.claim, token) is None:
+        if self.keys.claim_capability(token) is None:
             raise Unauthorized("a valid claim capability is required")
 
     def authenticate_detached(self, service_name: str, token: str) -> None:

@@ -7,11 +7,16 @@ come from ``afterword/protocol/paths.py``.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from ..continuations.capabilities import (
+    CLAIM_TOKEN_PREFIX,
     claim_mac,
+    claim_token,
     operator_token,
+    parse_claim_token,
     result_token,
     verify_claim_mac,
     verify_host_token,
@@ -37,6 +42,42 @@ LABELS: dict[str, Purpose] = {
     "status_page": labels.STATUS_PAGE,
 }
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+CACHED = 4096  # entries per cache: more than the continuations a busy service has in flight
+
+
+class Remembered(Generic[K, V]):
+    """A bounded map of values already derived (or verified); the oldest entry goes first.
+
+    Each request used to derive the same HMACs again: the result token at the HTTP layer's
+    early check, again in the handler, again for a status read; the claim MAC at admission
+    and at every worker step that checks it. Only values that were minted here or verified
+    here are kept, so a flood of bad tokens cannot push out the good ones.
+    """
+
+    __slots__ = ("_items", "_limit")
+
+    def __init__(self, limit: int = CACHED) -> None:
+        self._items: dict[K, V] = {}
+        self._limit = limit
+
+    def get(self, key: K) -> V | None:
+        return self._items.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        items = self._items
+        items[key] = value
+        if len(items) > self._limit:
+            try:
+                del items[next(iter(items))]
+            except (KeyError, RuntimeError, StopIteration):
+                pass  # another thread evicted first: the bound still holds within one entry
+
+    def __len__(self) -> int:
+        return len(self._items)
+
 
 @dataclass(frozen=True)
 class ServiceKeys:
@@ -51,6 +92,16 @@ class ServiceKeys:
     claim_mac: bytes = field(repr=False)
     cursor: bytes = field(repr=False)
     status_page: bytes = field(repr=False)
+    # What was already derived from these keys (never shown, never compared).
+    _result_tokens: Remembered[str, str] = field(
+        default_factory=Remembered, init=False, repr=False, compare=False
+    )
+    _claim_macs: Remembered[str, tuple[Claim, str]] = field(
+        default_factory=Remembered, init=False, repr=False, compare=False
+    )
+    _claim_tokens: Remembered[str, str] = field(
+        default_factory=Remembered, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def derive(cls, secret: bytes) -> ServiceKeys:
@@ -74,20 +125,58 @@ class ServiceKeys:
             raise Unauthorized("operator or metrics capability required")
 
     def result_token(self, cid: str) -> str:
-        return result_token(self.result, cid)
+        token = self._result_tokens.get(cid)
+        if token is None:
+            token = result_token(self.result, cid)
+            self._result_tokens.put(cid, token)
+        return token
 
     def check_result_token(self, cid: str, token: str) -> None:
-        if not verify_result_token(self.result, cid, token):
+        expected = self._result_tokens.get(cid)
+        if expected is None:
+            if not verify_result_token(self.result, cid, token):
+                raise Unauthorized("a valid result token for this continuation is required")
+            self._result_tokens.put(cid, token)  # verified: it is the token of cid
+        elif not hmac.compare_digest(expected.encode(), token.encode()):
             raise Unauthorized("a valid result token for this continuation is required")
+
+    def claim_capability(self, token: str) -> str | None:
+        """The capability id inside an authentic claim token, else None."""
+        if token.startswith(CLAIM_TOKEN_PREFIX):
+            # Parsed as parse_claim_token does; only ids minted or verified here are remembered.
+            capability_id = token[len(CLAIM_TOKEN_PREFIX) :].rpartition(".")[0]
+            expected = self._claim_tokens.get(capability_id)
+            if expected is not None:
+                return capability_id if hmac.compare_digest(expected.encode(), token.encode()) else None
+        cap_id = parse_claim_token(self.claim, token)
+        if cap_id is not None:
+            self._claim_tokens.put(cap_id, token)
+        return cap_id
+
+    def claim_token(self, capability_id: str) -> str:
+        token = claim_token(self.claim, capability_id)
+        self._claim_tokens.put(capability_id, token)
+        return token
 
     # -- the claim binding -------------------------------------------------------------------
     def mac(self, claim: Claim) -> str:
         """The MAC that binds a claim's immutable fields to this state directory."""
-        return claim_mac(self.claim_mac, claim)
+        mac = claim_mac(self.claim_mac, claim)
+        self._claim_macs.put(claim.id, (claim, mac))
+        return mac
 
     def claim_intact(self, rec: Continuation) -> bool:
-        """Whether the record's immutable claim still matches the MAC minted at admission."""
-        return verify_claim_mac(self.claim_mac, rec.claim, rec.claim_mac)
+        """Whether the record's immutable claim still matches the MAC minted at admission.
+
+        A claim equal to one whose MAC was minted or verified here has that same MAC (the MAC
+        is a function of the claim's fields), so only the stored MAC needs comparing."""
+        known = self._claim_macs.get(rec.claim.id)
+        if known is not None and (known[0] is rec.claim or known[0] == rec.claim):
+            return hmac.compare_digest(known[1].encode(), rec.claim_mac.encode())
+        if not verify_claim_mac(self.claim_mac, rec.claim, rec.claim_mac):
+            return False
+        self._claim_macs.put(rec.claim.id, (rec.claim, rec.claim_mac))
+        return True
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import anyio
 from ..blobs import BlobStore
 from ..config import Config
 from ..continuations import lifecycle
-from ..continuations.capabilities import claim_token, fingerprint
+from ..continuations.capabilities import fingerprint
 from ..continuations.errors import Conflict, InvalidRequest
 from ..continuations.model import MODES, Activation, Continuation, Mode, canonical_claim
 from ..continuations.snapshot import build_snapshot, encode_snapshot
@@ -87,7 +87,7 @@ class Runs:
                 reply_to=reply_to,
                 mode=checked,
                 fingerprint=fingerprint(run_id, server, conversation_id, reply_to, checked),
-                token=claim_token(self.keys.claim, cap_id),
+                token=self.keys.claim_token(cap_id),
                 expires_at_ms=now + CLAIM_CAPABILITY_TTL_MS,
             )
             caps[server] = cap
