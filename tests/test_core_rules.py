@@ -97,6 +97,24 @@ def test_format_ms_is_rfc3339_utc_with_milliseconds() -> None:
     assert format_ms(NOW + 7) == "2030-01-01T00:00:00.007Z"
 
 
+def _format_ms_by_datetime(ms: int) -> str:
+    """The formatting format_ms replaced (an aware datetime and strftime), as the reference."""
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.integers(min_value=0, max_value=253_402_300_799_999),  # through 9999-12-31
+        st.integers(min_value=NOW - 10 * 365 * 86_400_000, max_value=NOW + 10 * 365 * 86_400_000),
+        st.sampled_from([0, 999, 86_399_999, 86_400_000, 951_782_399_999, 951_782_400_000, 253_402_300_799_999]),
+    )
+)
+def test_format_ms_gives_the_same_text_as_datetime(ms: int) -> None:
+    assert format_ms(ms) == _format_ms_by_datetime(ms)
+
+
 # -- task keys and hashes --------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["k", "stable-task-key", "a" * 256, "!~", "sha256:" + "0" * 64])
 def test_task_key_accepts_printable_ascii(value: str) -> None:
