@@ -103,7 +103,7 @@ class RecordStore:
         self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
         self._checkpoint_digest = Digest()
         self._checkpoint_catalog: CatalogSource
-        self._gate = anyio.Lock()  # held only while a checkpoint drains the log and rolls it
+        self._gate = anyio.Lock(fast_acquire=True)  # held only while a checkpoint drains and rolls the log
         self._checkpoints = 0
         self._last_checkpoint_seconds = 0.0
         self.recovery_seconds = 0.0
