@@ -4,6 +4,7 @@ decoding, ordered keyed locks and expected-version updates."""
 from __future__ import annotations
 
 import random
+from typing import Annotated, Literal
 
 import anyio
 import msgspec
@@ -165,6 +166,34 @@ async def test_on_change_rejection_is_corruption(state_dir: str) -> None:
         await jobs.update(["a"], lambda cur: {"a": Job(state="bogus")})
         with pytest.raises(CorruptRecordError, match=r"job/a.*no such state"):
             jobs.get("a")
+
+
+class StrictJob(msgspec.Struct, frozen=True, kw_only=True):
+    state: Literal["queued", "running"]
+    attempts: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        StrictJob(state="queued", attempts=-1),  # a field constraint
+        StrictJob(state="bogus", attempts=0),  # type: ignore[arg-type]  # a Literal
+        StrictJob(state="queued", attempts="1"),  # type: ignore[arg-type]  # a type
+    ],
+)
+async def test_a_value_built_here_that_would_not_decode_fails_closed(state_dir: str, bad: StrictJob) -> None:
+    """msgspec checks types and constraints only when decoding, never when a Struct is built,
+    so the collection decodes even the bytes it just encoded itself: a value the next open
+    would refuse must not enter the index (keeping the caller's value instead would skip it)."""
+    with RecordStore.open(state_dir, options=OPTIONS) as store:
+        jobs = Collection(store, "job/", StrictJob)
+        await jobs.update(["ok"], lambda cur: {"ok": StrictJob(state="running")})
+        await jobs.update(["a"], lambda cur: {"a": bad})  # durable before the check can run
+        assert isinstance(jobs.corrupt, CorruptRecordError) and jobs.corrupt.key == "job/a"
+        with pytest.raises(CorruptRecordError, match="job/a"):
+            jobs.get("ok")
+    with RecordStore.open(state_dir, options=OPTIONS) as store, pytest.raises(CorruptRecordError, match="job/a"):
+        Collection(store, "job/", StrictJob)  # replay refuses it the same way
 
 
 async def test_update_conflicts_on_stale_expect(state_dir: str) -> None:
