@@ -85,6 +85,8 @@ async def test_a_log_record_never_overtakes_an_earlier_change(capsys: pytest.Cap
     logger = logging.getLogger("afterword.test-statelog")
     logger.addHandler(handler)
     logger.propagate = False
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # independent of the "afterword" level another test module may raise
     try:
         log(None, _record("c_before"))
         logger.warning("between")
@@ -94,9 +96,11 @@ async def test_a_log_record_never_overtakes_an_earlier_change(capsys: pytest.Cap
     finally:
         logger.removeHandler(handler)
         logger.propagate = True
+        logger.setLevel(level)
     ours = {"c_before", "between", "c_after"}  # lines other code may log meanwhile are not ours
-    order = [e.get("id") or e.get("message") for e in _events(capsys.readouterr().err)]
-    assert [x for x in order if x in ours] == ["c_before", "between", "c_after"], order
+    text = capsys.readouterr().err
+    order = [e.get("id") or e.get("message") for e in _events(text)]
+    assert [x for x in order if x in ours] == ["c_before", "between", "c_after"], (order, text)
 
 
 async def test_outside_a_loop_a_line_is_written_at_once(capsys: pytest.CaptureFixture[str]) -> None:
