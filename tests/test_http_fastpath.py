@@ -279,6 +279,11 @@ async def test_every_request_class_answers_identically(tmp_path: Path) -> None:
             ("claim escaped", claim_ok.replace(b"/claim ", b"/cl%61im ", 1), False),
             ("claim OPTIONS", raw("OPTIONS", "/v1/continuations/claim", host=host), False),
             (
+                "claim head over 16 KiB",
+                claim_with([bearer(token), JSON_CT, ("X-Pad", "p" * 17000)], jbody(doc)),
+                False,
+            ),
+            (
                 "detached replay",
                 raw("POST", "/v1/continuations/detached/claim", host=host, headers=det, body=jbody(det_doc)),
                 True,
@@ -495,37 +500,59 @@ async def test_storage_and_unexpected_errors_answer_identically(
             assert (b"retry-after", b"5") in answer.headers
 
 
+def _claim_scope(port: int, token: str) -> dict[str, Any]:
+    headers = [
+        (b"host", f"127.0.0.1:{port}".encode()),
+        (b"authorization", f"Bearer {token}".encode()),
+        (b"content-type", b"application/json"),
+    ]
+    path = "/v1/continuations/claim"
+    return {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+    }
+
+
+async def _drive(fast: FastPath, scope: dict[str, Any], messages: list[dict[str, Any]]) -> list[Any]:
+    feed = iter(messages)
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return next(feed)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await fast(scope, receive, send)
+    return sent
+
+
 async def test_a_client_gone_before_its_body_gets_no_answer(tmp_path: Path) -> None:
     async with serving(tmp_path) as h:
-        token = h.bind()[1]
         fast = FastPath(h.service, create_app(h.service))  # type: ignore[arg-type]
-        sent: list[Any] = []
-        messages = iter(
-            [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
-        )
-
-        async def receive() -> Any:
-            return next(messages)
-
-        async def send(message: Any) -> None:
-            sent.append(message)
-
-        headers = [
-            (b"host", f"127.0.0.1:{h.config.port}".encode()),
-            (b"authorization", f"Bearer {token}".encode()),
-        ]
-        scope = {
-            "type": "http",
-            "http_version": "1.1",
-            "method": "POST",
-            "path": "/v1/continuations/claim",
-            "raw_path": b"/v1/continuations/claim",
-            "query_string": b"",
-            "root_path": "",
-            "headers": headers,
-        }
-        await fast(scope, receive, send)
+        body = [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
+        sent = await _drive(fast, _claim_scope(h.config.port, h.bind()[1]), body)
         assert sent == [] and fast.answered == 0
+        assert h.active == 0
+
+
+async def test_a_client_gone_after_its_body_still_gets_its_claim(tmp_path: Path) -> None:
+    """The one documented difference from Quart (which cancels the handler): the claim is
+    made and answered even though the client is gone."""
+    async with serving(tmp_path) as h:
+        fast = FastPath(h.service, create_app(h.service))  # type: ignore[arg-type]
+        doc = {"taskKey": "gone", "taskHash": "hash-1", "deadline": h.deadline}
+        body = [{"type": "http.request", "body": jbody(doc), "more_body": False}, {"type": "http.disconnect"}]
+        sent = await _drive(fast, _claim_scope(h.config.port, h.bind()[1]), body)
+        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+        assert sent[0]["status"] == 200
+        assert h.active == 1
 
 
 def test_routes_it_answers() -> None:
