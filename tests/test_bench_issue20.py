@@ -38,6 +38,9 @@ def synthetic_store() -> list[compare.Row]:
         _store_row("sqlite", "c=64", "commit", 64, 500.0),
         _store_row("afterword-store", "open 10k+50k", "open", None, 20_000.0, seconds=0.3),
         _store_row("sqlite", "open 10k+50k", "open", None, 60_000.0, seconds=0.1),
+        _store_row("afterword-store", "open 10k+50k, serve's reads", "open", None, 1.0, seconds=0.3),
+        _store_row("sqlite", "open 10k+50k, serve's reads", "open", None, 1.0, seconds=0.2),
+        _store_row("afterword-store", "open 10k+50k, serve's reads, no summaries", "open", None, 1.0, seconds=9),
         _store_row("afterword-store", "replay 64 MiB log", "replay", None, 200_000.0),
     ]
     compare._ratios(rows)
@@ -85,6 +88,9 @@ def test_every_issue_row_is_present_with_its_ratio_and_verdict() -> None:
     assert rows["WAL, 64 committers / SQLite at 64"].value == pytest.approx(60.0)
     opened = rows["store open 10k+50k / SQLite loading the same rows"]
     assert opened.value == pytest.approx(3.0) and opened.verdict == "missed"  # a time ratio: lower is better
+    reads = rows["store open 10k+50k, serve's reads / SQLite loading the same rows"]
+    assert reads.value == pytest.approx(1.5) and reads.verdict == "met"  # against its own SQLite twin
+    assert not any("no summaries" in f for f in rows)  # no SQLite case of that setting: not a row
     assert rows["replay 64 MiB log"].verdict == "missed"
     # End to end: the ratio is taken within each repetition (0.5 and 0.4), then the median.
     e32 = rows["end to end, detached, 32 producer(s) / bare Quart+hypercorn ceiling"]
