@@ -81,13 +81,34 @@ def replay_last_images(
                 if prior:
                     e_removed += h(key.encode() + b"\0" + prior.to_bytes(8, "little"))
                     e_count -= 1
-        finals = _final_ops(frames, last)
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"undecodable transaction: {exc}") from None
 
     dirty_add = dirty.add
     added = removed = n_added = n_removed = 0
-    for key, (lsn, op, owed) in finals.items():
+    # Each key's last operation, read again from its transaction (decoded once above, so
+    # this cannot fail half-way). Nothing is kept per key but its lsn: 10,000 tuples alive
+    # here were enough to set off a full garbage collection in the middle of an open.
+    first = frames[0].lsn if frames else 0
+    count = len(frames)
+    by_lsn: dict[int, bytes] | None = None
+    several: dict[int, tuple[Op, ...]] = {}  # transactions of more than one operation
+    for key, signed in last.items():
+        owed = signed > 0
+        lsn = signed if owed else -signed
+        ops = several.get(lsn)
+        if ops is None:
+            at = lsn - first
+            if 0 <= at < count and frames[at].lsn == lsn:
+                payload = frames[at].payload
+            else:  # not contiguous from the first frame: look the lsn up
+                if by_lsn is None:
+                    by_lsn = {f.lsn: f.payload for f in frames}
+                payload = by_lsn[lsn]
+            ops = decode(payload).ops
+            if len(ops) > 1:
+                several[lsn] = ops
+        op = ops[0] if len(ops) == 1 else _applied(ops, key)
         hn = 0
         if op.value is not None or owed:
             hn = h(key.encode() + b"\0" + lsn.to_bytes(8, "little"))
@@ -130,41 +151,12 @@ def replay_last_images(
         check.expected.merge(Digest(e_added - e_removed, e_count))
 
 
-def _final_ops(frames: list[Frame], last: dict[str, int]) -> dict[str, tuple[int, Op, bool]]:
-    """key -> (lsn, the operation that leaves the key as replay ends, whether the put that
-    was the key's last operation still owes its hash to the MANIFEST's digest).
-
-    The operation is the key's last, read again from its transaction. A transaction that
-    names a key more than once (no sound log does) leaves it as step-by-step replay would:
-    a put there makes the record that lsn's, so later operations on the key in the same
-    transaction are skipped; deletes alone all apply.
-    """
-    first = frames[0].lsn if frames else 0
-    count = len(frames)
-    decode = _tx_decoder.decode
-    by_lsn: dict[int, bytes] | None = None
-    several: dict[int, tuple[Op, ...]] = {}  # transactions of more than one operation
-    finals: dict[str, tuple[int, Op, bool]] = {}
-    for key, signed in last.items():
-        lsn = signed if signed > 0 else -signed
-        ops = several.get(lsn)
-        if ops is None:
-            at = lsn - first
-            if 0 <= at < count and frames[at].lsn == lsn:
-                payload = frames[at].payload
-            else:  # not contiguous from the first frame: look the lsn up
-                if by_lsn is None:
-                    by_lsn = {f.lsn: f.payload for f in frames}
-                payload = by_lsn[lsn]
-            ops = decode(payload).ops
-            if len(ops) == 1:
-                finals[key] = (lsn, ops[0], signed > 0)
-                continue
-            several[lsn] = ops
-        mine = [op for op in ops if op.key == key]
-        op = next((o for o in mine if o.value is not None), mine[-1])
-        finals[key] = (lsn, op, signed > 0)
-    return finals
+def _applied(ops: tuple[Op, ...], key: str) -> Op:
+    """Of a transaction that names ``key`` more than once (no sound log does), the
+    operation that leaves it as step-by-step replay would: a put makes the record that lsn's,
+    so later operations on the key in the same transaction are skipped; deletes all apply."""
+    mine = [op for op in ops if op.key == key]
+    return next((op for op in mine if op.value is not None), mine[-1])
 
 
 def _reproduce_newer(frames: list[Frame], newer: set[tuple[str, int]]) -> None:
