@@ -40,7 +40,7 @@ OWN_CPU_BEFORE_MS = {1: 4.05, 32: 2.5}
 # anchors; tests/test_bench_issue20.py checks that each one exists).
 WAL_EVIDENCE = "#how-the-leader-gets-a-batch-written-waloptionscommit_mode"
 OPEN_EVIDENCE = "#store-open-issue-20"
-REPLAY_EVIDENCE = "#store-replay-each-key-version-hashed-once"
+REPLAY_EVIDENCE = "#replay-in-c-one-record-per-key"
 E2E_EVIDENCE = "#where-the-loop-goes-now-py-spy-32-producers"
 
 
