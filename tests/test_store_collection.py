@@ -313,3 +313,40 @@ async def test_keyed_locks_order_and_single_key_form() -> None:
                 await one.__aenter__()
     assert order == ["w2", "w1"]
     assert not locks.locked("a") and len(locks) == 0
+
+
+async def test_keyed_locks_reuse_freed_locks_and_still_exclude(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key's lock goes back to a small spare list when nobody holds or waits for it, and the
+    next key takes it instead of building a new anyio.Lock; exclusion is the same."""
+    from afterword.store import locks as locks_module
+
+    built = 0
+    make = anyio.Lock
+
+    def counting(*, fast_acquire: bool = False) -> anyio.Lock:
+        nonlocal built
+        built += 1
+        return make(fast_acquire=fast_acquire)
+
+    monkeypatch.setattr(locks_module.anyio, "Lock", counting)
+    locks = KeyedLocks()
+    for i in range(200):  # one continuation after another, as a worker takes them
+        async with locks.hold([f"k{i}"]):
+            pass
+    assert built == 1 and len(locks) == 0
+    inside: list[str] = []
+    peak = 0
+
+    async def writer(key: str) -> None:
+        nonlocal peak
+        async with locks.hold([key]):
+            inside.append(key)
+            peak = max(peak, inside.count(key))
+            await anyio.sleep(0.001)
+            inside.remove(key)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(locks_module.SPARE_LOCKS * 2):
+            tg.start_soon(writer, f"k{i % 7}")
+    assert peak == 1 and len(locks) == 0
+    assert built <= 1 + 7  # at most one lock per key held at once
