@@ -26,24 +26,44 @@ from ..continuations.model import Continuation
 _line = msgspec.json.Encoder()
 
 
+class _Attempts(msgspec.Struct):
+    synthesis: int
+    delivery: int
+
+
+class _Event(msgspec.Struct):
+    """The line's fields in their order (a Struct encodes a quarter faster than a dict)."""
+
+    ts: float
+    event: str
+    id: str
+    from_: str | None = msgspec.field(name="from")
+    to: str
+    origin: str
+    mode: str
+    server: str
+    attempts: _Attempts
+    error: str | None
+
+
 def state_change_line(old: Continuation | None, new: Continuation) -> bytes:
     """One structured log line per state change: ids and states only (no token, payload or text)."""
-    event = {
-        "ts": round(time.time(), 3),
-        "event": "continuation",
-        "id": new.id,
-        "from": old.state if old is not None else None,
-        "to": new.state,
-        "origin": new.origin_context,
-        "mode": new.claim.mode,
-        "server": new.claim.server_name,
+    event = _Event(
+        ts=round(time.time(), 3),
+        event="continuation",
+        id=new.id,
+        from_=old.state if old is not None else None,
+        to=new.state,
+        origin=new.origin_context,
+        mode=new.claim.mode,
+        server=new.claim.server_name,
         # Delivery attempts across operator retries, as status and `list` report them.
-        "attempts": {
-            "synthesis": new.attempts.synthesis,
-            "delivery": new.delivery_attempts_before + new.attempts.delivery,
-        },
-        "error": new.last_error.code if new.last_error else None,
-    }
+        attempts=_Attempts(
+            synthesis=new.attempts.synthesis,
+            delivery=new.delivery_attempts_before + new.attempts.delivery,
+        ),
+        error=new.last_error.code if new.last_error else None,
+    )
     return _line.encode(event) + b"\n"
 
 
