@@ -26,10 +26,12 @@ from typing import Any
 import anyio
 import pytest
 from _service import DETACHED_TOKEN, payload_hash
+from hypercorn.events import RawData
 from test_http_protocol import Harness, serving
 
 from afterword.continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
 from afterword.disk import DurabilityError, StorageFullError
+from afterword.http import listener
 from afterword.http.app import create_app
 from afterword.http.fastpath import DEFAULT_ON, ENV_SWITCH, FastPath, create_asgi_app, match, switch_on
 from afterword.http.listener import serve_socket
@@ -610,3 +612,29 @@ async def test_a_bad_switch_value_stops_serve_with_a_plain_error(
     with pytest.raises(ServeError, match=f"{ENV_SWITCH} must be 0 or 1"):
         async with serving(tmp_path):
             pass
+
+
+@pytest.mark.parametrize("fastpath", [True, False], ids=["fast", "quart"])
+async def test_a_small_answer_is_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fastpath: bool
+) -> None:
+    """The listener writes a response's head with its body (afterword/http/listener.py): one
+    ``send`` per small answer instead of two, through either door."""
+    writes: list[bytes] = []
+    original = listener._Connection.protocol_send
+
+    async def recording(self: Any, event: Any) -> None:
+        if isinstance(event, RawData) and event.data:
+            writes.append(bytes(event.data))
+        await original(self, event)
+
+    monkeypatch.setattr(listener._Connection, "protocol_send", recording)
+    async with doors(tmp_path) as d:
+        claim = await d.h.claimed(d.h.bind()[1])
+        request = raw(
+            "GET", f"/v1/continuations/{claim['continuationId']}", host=d.host, headers=[bearer("x")]
+        )
+        writes.clear()
+        answer = await exchange(d.fast_port if fastpath else d.quart_port, request)
+        assert answer.status_line.startswith(b"HTTP/1.1 401")
+        assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 401") and writes[0].endswith(answer.body)

@@ -34,9 +34,10 @@ from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import RawData
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.typing import AppWrapper, ConnectionState
+from hypercorn.typing import AppWrapper, ConnectionState, H11SendableEvent
 from hypercorn.utils import parse_socket_addr, wrap_app
 
 from ..protocol.wire import ErrorBody, ErrorDetail
@@ -107,7 +108,29 @@ def no_delay(conn: socket.socket) -> None:
 
 
 class _JsonErrorH11(H11Protocol):
-    """hypercorn's HTTP/1.1 protocol, answering unparseable requests with the JSON envelope."""
+    """hypercorn's HTTP/1.1 protocol, answering unparseable requests with the JSON envelope,
+    and writing a response's head together with its first body bytes.
+
+    h11 serialises the head and each body part separately and hypercorn writes each at once:
+    two ``send`` calls (and, with Nagle off, two packets) for every small JSON answer. The
+    head of a final response is held until the next event on this connection (its body, or
+    its end when it has none) and goes out in the same write."""
+
+    _held_head = b""
+
+    async def _send_h11_event(self, event: H11SendableEvent) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if isinstance(event, h11.Response):
+            self._held_head += data or b""
+            return
+        if self._held_head:
+            data, self._held_head = self._held_head + (data or b""), b""
+        await self.send(RawData(data=data))
 
     async def _send_error_response(self, status_code: int) -> None:
         code, message = _PROTOCOL_ERRORS.get(status_code, ("invalid_request", "malformed HTTP request"))
