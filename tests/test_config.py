@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from afterword.config import (
     Config,
@@ -27,6 +29,7 @@ from afterword.config import (
     is_loopback_url,
     load_config,
     missing_detached_tokens,
+    read_env_secret,
     synthesis_api_key,
 )
 
@@ -1116,3 +1119,18 @@ def test_channel_settings_and_channel_adapters_have_different_names() -> None:
         assert getattr(adapters, settings.__name__, None) is None
         # The old settings name stays importable from afterword.config, as the same class.
         assert getattr(config_module, f"{kind}Channel") is settings
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(st.characters(max_codepoint=200), min_size=1, max_size=40), st.text(min_size=1)))
+def test_an_env_secret_is_exactly_printable_ascii_without_spaces(value: str) -> None:
+    wanted = all(33 <= ord(char) <= 126 for char in value)
+    try:
+        assert read_env_secret("X", path="p", environ={"X": value}) == value
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == wanted, repr(value)
+    for char in ("\x00", "\x1f", " ", "\x7f", "\x80", "é", "\u00a0"):
+        with pytest.raises(ConfigError):
+            read_env_secret("X", path="p", environ={"X": "token" + char})
