@@ -156,7 +156,7 @@ def read_catalogued(root: StateRoot, max_record_bytes: int, wanted: list[Catalog
         raise
     out: list[RecordImage] = []
     for (name, data), entry in zip(files, wanted, strict=True):
-        image = decode_record(data, name)
+        image = decode_record(data, name, entry.key)  # the name is the key's (record_file_name)
         if image.lsn != entry.lsn or tuple(image.blobs) != entry.blobs:
             raise EvidenceError(
                 root.path(f"{RECORDS}/{name}"),

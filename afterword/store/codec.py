@@ -125,17 +125,19 @@ def encode_record(image: RecordImage) -> bytes:
     return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
 
 
-def decode_record(data: bytes, name: str) -> RecordImage:
+def decode_record(data: bytes, name: str, key: str | None = None) -> RecordImage:
+    """The record a file holds, checked: magic, checksum, and that it holds the key its name
+    says (``key``: that key, when the caller already knows it)."""
     if len(data) < len(RECORD_MAGIC) + 8 or not data.startswith(RECORD_MAGIC):
         raise StoreCorruptError(f"record file {name}: bad magic or truncated")
-    body, check = data[:-8], _U64.unpack(data[-8:])[0]
-    if xxhash.xxh3_64_intdigest(body) != check:
+    view = memoryview(data)  # no copy of the body for the checksum or the decoder
+    if xxhash.xxh3_64_intdigest(view[:-8]) != _U64.unpack_from(data, len(data) - 8)[0]:
         raise StoreCorruptError(f"record file {name}: checksum mismatch")
     try:
-        image = _rec_decoder.decode(body[len(RECORD_MAGIC) :])
+        image = _rec_decoder.decode(view[len(RECORD_MAGIC) : -8])
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"record file {name}: {exc}") from None
-    if record_file_name(image.key) != name:
+    if (image.key != key) if key is not None else (record_file_name(image.key) != name):
         raise StoreCorruptError(f"record file {name}: holds key {image.key!r}")
     return image
 
