@@ -344,3 +344,24 @@ async def test_indexes_follow_changes_to_tombstones_known_only_by_summary(tmp_pa
         health = service.continuation_health()
         assert expired not in [i for c in health.causes for i in c.ids]
         assert health == service.continuation_health()  # from summaries, stable
+
+
+async def test_start_survives_a_refused_summary_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The checkpoint that records missing summaries is only a speed-up: one refused for lack
+    of space is logged and the service starts anyway (the next start reads the tombstones)."""
+    from afterword.disk import StorageFullError
+
+    config = load(write_config(tmp_path))
+    async with afterword.open_service(config, environ=ENV, serve_http=False, run_worker=False):
+        pass
+    fill(str(config.state_dir), 1, 5, summaries=False)
+
+    async def full(self: RecordStore) -> None:
+        raise StorageFullError(str(tmp_path), 28)
+
+    monkeypatch.setattr(RecordStore, "checkpoint", full)
+    async with afterword.open_service(config, environ=ENV, serve_http=False, run_worker=False) as service:
+        assert service.repo.tombstones_unsummarized == 5
+    assert "no checkpoint to record tombstone summaries" in caplog.text

@@ -6,6 +6,7 @@ server and the worker over the service it opens.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = [
     "open_service",
 ]
+
+log = logging.getLogger("afterword.service")
 
 @asynccontextmanager
 async def open_service(
@@ -84,8 +87,14 @@ async def open_service(
         await service.apply_retention()
         if service.repo.tombstones_unsummarized:
             # The catalog held no summaries of these (written by an older version or a tool):
-            # record them now, so that the next start reads no tombstone file.
-            await store.checkpoint()
+            # record them now, so that the next start reads no tombstone file. Only a speed-up:
+            # a checkpoint refused for lack of space does not stop the start.
+            try:
+                await store.checkpoint()
+            except Exception as exc:
+                if store.root.failed is not None:
+                    raise
+                log.warning("store: no checkpoint to record tombstone summaries: %s", exc)
         http = HttpServer(service)
         service.register_server(http)  # metrics read its connection counts
         if serve_http:
