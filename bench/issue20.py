@@ -40,8 +40,10 @@ OWN_CPU_BEFORE_MS = {1: 4.05, 32: 2.5}
 # anchors; tests/test_bench_issue20.py checks that each one exists).
 WAL_EVIDENCE = "#how-the-leader-gets-a-batch-written-waloptionscommit_mode"
 OPEN_EVIDENCE = "#store-open-issue-20"
+SERVICE_OPEN_EVIDENCE = "#the-services-start-tombstones-stay-unread"
 REPLAY_EVIDENCE = "#replay-in-c-one-record-per-key"
-E2E_EVIDENCE = "#where-the-loop-goes-now-py-spy-32-producers"
+E2E_EVIDENCE = "#folded-worker-commits-and-a-group-committed-outbox-item-2-built"
+CPU_EVIDENCE = "#afterwords-own-work-per-continuation-items-3-and-4"
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ def issue_rows(store: list[compare.Row], e2e_data: dict[str, Any]) -> list[Issue
                 times,
                 2.0,
                 higher_is_better=False,
-                see=OPEN_EVIDENCE,
+                see=OPEN_EVIDENCE if "," not in r.setting else SERVICE_OPEN_EVIDENCE,
             )
         )
     for r in store:
@@ -296,7 +298,7 @@ def issue_rows(store: list[compare.Row], e2e_data: dict[str, Any]) -> list[Issue
                 s["own_cpu_ms"],
                 None if base is None else base / 2,
                 higher_is_better=False,
-                see=E2E_EVIDENCE,
+                see=CPU_EVIDENCE,
             )
         )
     dbos = e2e_data.get("dbos")
