@@ -5,6 +5,8 @@ not match the records (wrong priors, skipped after-images, unread catalogued rec
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +14,8 @@ from afterword.store.catalog import CatalogEntry
 from afterword.store.codec import Op, RecordImage, decode_tx, encode_tx
 from afterword.store.evidence import ReplayCheck
 from afterword.store.memory import CommittedState
-from afterword.wal.frame import Frame
+from afterword.wal.frame import FRAME_HEADER_SIZE, Frame, encode_frame
+from afterword.wal.frames import LogFrames, Run
 
 KEYS = ["a", "b", "c/d"]
 BLOBS = ["b1", "b2"]
@@ -39,6 +42,21 @@ def _state(files: dict[str, int], catalogued: dict[str, int]) -> CommittedState:
     return state
 
 
+def _in_runs(frames: list[Frame], cuts: set[int]) -> LogFrames:
+    """``frames`` as the log hands them over: spans into several buffers (segments), split
+    before each index in ``cuts``."""
+    out = LogFrames(frames[0].lsn if frames else 0)
+    bounds = [i for i in sorted({0, *cuts}) if i < len(frames)] + [len(frames)]
+    for lo, hi in itertools.pairwise(bounds):
+        data = b"\xee" * (8 * lo)  # each buffer its own offsets
+        for f in frames[lo:hi]:
+            at = len(data)
+            data += encode_frame(1, f.lsn, f.batch_start, f.payload)
+            out.spans.extend((at + FRAME_HEADER_SIZE, at + FRAME_HEADER_SIZE + len(f.payload)))
+        out.runs.append(Run(lo, data, 0))
+    return out
+
+
 def _check(state: CommittedState, digest: str, count: int) -> ReplayCheck:
     return ReplayCheck(
         records_path="records",
@@ -56,9 +74,15 @@ def _check(state: CommittedState, digest: str, count: int) -> ReplayCheck:
     txs=st.lists(st.lists(op_st, min_size=1, max_size=3), max_size=8),
     start=st.integers(min_value=1, max_value=6),
     manifest_off=st.booleans(),
+    cuts=st.sets(st.integers(min_value=1, max_value=7), max_size=3),
 )
 def test_fused_replay_matches_step_by_step(
-    files: dict[str, int], catalogued: dict[str, int], txs: list[list[Op]], start: int, manifest_off: bool
+    files: dict[str, int],
+    catalogued: dict[str, int],
+    txs: list[list[Op]],
+    start: int,
+    manifest_off: bool,
+    cuts: set[int],
 ) -> None:
     frames = [Frame(0, start + i, start + i, encode_tx(tuple(ops)), 0) for i, ops in enumerate(txs)]
     step, fused = _state(files, catalogued), _state(files, catalogued)
@@ -70,7 +94,7 @@ def test_fused_replay_matches_step_by_step(
         for op in ops:
             step_check.op(frame.lsn, op.key, op.value is not None, op.prior)
         step.apply(frame.lsn, ops)
-    fused.replay(frames, fused_check)
+    fused.replay(_in_runs(frames, cuts), fused_check)  # as the log hands them over
 
     assert fused.digest == step.digest
     assert fused_check.expected == step_check.expected

@@ -1,6 +1,7 @@
 """The optional C frame scan (``afterword/wal/_fastscan.c``) against the Python loop it
-replaces: the same frames, the same stopping point and the same replay plan, on valid, torn,
-bit-flipped and shadow-bearing segments; and the pure-Python path still works on its own.
+replaces: the same payload spans, the same stopping point and the same replay plan, on
+valid, torn, bit-flipped and shadow-bearing segments; and the pure-Python path still works on
+its own.
 
 The C module is built by ``pip install -e .`` when a compiler is present. Without it these
 differential tests skip, except under CI (``CI=true``), where a missing build is a failure.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
 import pytest
@@ -21,13 +23,13 @@ from hypothesis import strategies as st
 from afterword.wal import SegmentImage, frame, native, scan_chain
 from afterword.wal.frame import (
     SEGMENT_HEADER_SIZE,
-    Frame,
     SegmentHeader,
+    decode_frame_at,
     encode_frame,
     encode_segment_header,
     find_aligned_py,
-    read_run,
-    read_run_py,
+    read_spans,
+    read_spans_py,
 )
 from afterword.wal.shadow import encode_shadow
 
@@ -36,7 +38,7 @@ SEG = 4096
 
 
 def need_c_scan() -> None:
-    if native.fast_read_run is None:
+    if native.fast_read_spans is None:
         if os.environ.get("CI") == "true" and os.environ.get("AFTERWORD_PURE_PYTHON_SCAN") != "1":
             pytest.fail("the C scan (afterword.wal._fastscan) was not built; CI has a compiler")
         pytest.skip("the C scan is not built here")
@@ -86,7 +88,7 @@ def segments(draw: st.DrawFn) -> tuple[bytes, int, list[int]]:
     lsn_shift=st.sampled_from([0, 0, 0, 1, -1]),
     max_payload=st.sampled_from([1024, 1024, 60, 0]),
 )
-def test_c_scan_gives_the_python_scans_frames(
+def test_c_scan_gives_the_python_scans_spans(
     seg: tuple[bytes, int, list[int]], start_at: int, lsn_shift: int, max_payload: int
 ) -> None:
     need_c_scan()
@@ -97,15 +99,19 @@ def test_c_scan_gives_the_python_scans_frames(
         k = start_at % len(offsets)
         offset, expect = offsets[k], header_first + k
     expect = max(0, expect + lsn_shift)
-    py_out: list[Frame] = []
-    c_out: list[Frame] = []
-    py_end = read_run_py(data, offset, salt, expect, max_payload, py_out)
-    c_end = native.fast_read_run(
-        data, offset, salt, expect, max_payload, c_out, Frame, xxhash.xxh3_64_intdigest
+    py_out: array[int] = array("q")
+    py_end = read_spans_py(data, offset, salt, expect, max_payload, py_out)
+    c_offset, c_expect, packed = native.fast_read_spans(
+        data, offset, salt, expect, max_payload, xxhash.xxh3_64_intdigest
     )
-    assert c_end == py_end
+    assert (c_offset, c_expect) == py_end
+    c_out: array[int] = array("q")
+    c_out.frombytes(packed)
     assert c_out == py_out
-    assert all(type(f) is Frame and type(f.payload) is bytes for f in c_out)
+    # Each span is a whole frame's payload, in order (what decode_frame_at reads there).
+    for i, (start, end) in enumerate(zip(py_out[::2], py_out[1::2], strict=True)):
+        decoded = decode_frame_at(data, start - 32, salt, max_payload)
+        assert decoded is not None and decoded.payload == data[start:end] and decoded.lsn == expect + i
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -123,12 +129,12 @@ def test_replay_plan_is_the_same_with_and_without_the_c_scan(seg: tuple[bytes, i
             return (type(exc), str(exc))
 
     with_c = plan()
-    saved = frame.fast_read_run, frame.fast_find_aligned
-    frame.fast_read_run = frame.fast_find_aligned = None
+    saved = frame.fast_read_spans, frame.fast_find_aligned
+    frame.fast_read_spans = frame.fast_find_aligned = None
     try:
         without = plan()
     finally:
-        frame.fast_read_run, frame.fast_find_aligned = saved
+        frame.fast_read_spans, frame.fast_find_aligned = saved
     assert with_c == without
 
 
@@ -151,7 +157,7 @@ def test_c_aligned_search_finds_what_the_python_search_finds(
     assert native.fast_find_aligned(data, pattern, start) == find_aligned_py(data, pattern, start)
 
 
-def test_read_run_uses_the_python_loop_when_the_c_scan_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_spans_uses_the_python_loop_when_the_c_scan_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     salt = 0x1234_5678_9ABC_DEF1
     data = bytearray(SEG)
     data[:SEGMENT_HEADER_SIZE] = encode_segment_header(SegmentHeader(1, salt, 7))
@@ -161,21 +167,36 @@ def test_read_run_uses_the_python_loop_when_the_c_scan_is_absent(monkeypatch: py
 
     def spy(*args: object) -> tuple[int, int]:
         calls.append(1)
-        return read_run_py(*args)
+        return read_spans_py(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(frame, "fast_read_run", None)
+    monkeypatch.setattr(frame, "fast_read_spans", None)
     monkeypatch.setattr(frame, "fast_find_aligned", None)
-    monkeypatch.setattr("afterword.wal.frame.read_run_py", spy)
-    out: list[Frame] = []
-    end = read_run(bytes(data), SEGMENT_HEADER_SIZE, salt, 7, 1024, out)
+    monkeypatch.setattr("afterword.wal.frame.read_spans_py", spy)
+    image = bytes(data)
+    out: array[int] = array("q")
+    end = read_spans(image, SEGMENT_HEADER_SIZE, salt, 7, 1024, out)
     assert calls == [1]
-    assert [f.payload for f in out] == [b"one", b"two"] and end == (SEGMENT_HEADER_SIZE + len(frames), 9)
+    assert [image[a:b] for a, b in zip(out[::2], out[1::2], strict=True)] == [b"one", b"two"]
+    assert end == (SEGMENT_HEADER_SIZE + len(frames), 9)
 
 
-def test_c_scan_refuses_a_frame_type_that_is_not_a_tuple() -> None:
+def test_c_scan_passes_on_a_failing_checksum_call() -> None:
+    """An error inside the hash call ends the scan with that error (nothing leaks or is
+    returned half-done)."""
     need_c_scan()
+    salt = 0x1234_5678_9ABC_DEF1
+    data = bytearray(SEG)
+    data[:SEGMENT_HEADER_SIZE] = encode_segment_header(SegmentHeader(1, salt, 7))
+    one = encode_frame(salt, 7, 7, b"one")
+    data[SEGMENT_HEADER_SIZE : SEGMENT_HEADER_SIZE + len(one)] = one
+
+    def broken(_data: bytes, _seed: int) -> int:
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        native.fast_read_spans(bytes(data), SEGMENT_HEADER_SIZE, salt, 7, 1024, broken)
     with pytest.raises(TypeError):
-        native.fast_read_run(b"", 0, 1, 1, 10, [], dict, xxhash.xxh3_64_intdigest)
+        native.fast_read_spans(bytes(data), SEGMENT_HEADER_SIZE, salt, 7, 1024, lambda _d, _s: "x")
 
 
 def test_a_store_opens_and_replays_on_the_pure_python_scan(tmp_path: Path) -> None:
@@ -185,7 +206,7 @@ def test_a_store_opens_and_replays_on_the_pure_python_scan(tmp_path: Path) -> No
         "import sys\n"
         "from afterword.store import RecordStore, Put\n"
         "from afterword.wal import native\n"
-        "assert native.fast_read_run is None and native.fast_find_aligned is None\n"
+        "assert native.fast_read_spans is None and native.fast_find_aligned is None\n"
         "s = RecordStore.open(sys.argv[1])\n"
         "for i in range(50): s.transact_sync([Put(f'k/{i % 7}', b'v%d' % i)])\n"
         "s.close()\n"

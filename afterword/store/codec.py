@@ -113,7 +113,7 @@ def encode_tx(ops: tuple[Op, ...]) -> bytes:
     return _tx_encoder.encode(TxBody(ops))
 
 
-def decode_tx(payload: bytes) -> TxBody:
+def decode_tx(payload: bytes | memoryview) -> TxBody:
     try:
         return _tx_decoder.decode(payload)
     except msgspec.DecodeError as exc:

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 from ..wal.frame import Frame
+from ..wal.frames import LogFrames
 from .catalog import CatalogEntry, CatalogSource
 from .codec import Op, RecordImage, decode_tx
 from .evidence import Digest, ReplayCheck
@@ -183,7 +184,7 @@ class CommittedState:
             self.dirty.add(op.key)
             self._notify(op.key, old, new)
 
-    def replay(self, frames: Iterable[Frame], check: ReplayCheck) -> None:
+    def replay(self, frames: LogFrames | Iterable[Frame], check: ReplayCheck) -> None:
         """Apply the log's transactions at open (``frames`` in increasing lsn order, as the
         log gives them), carrying ``check`` along: the result is exactly that of
         ``check.op`` for each operation followed by :meth:`apply` for each frame.
@@ -195,11 +196,12 @@ class CommittedState:
         if not self.watchers:
             replay_last_images(frames, check, self.records, self.unread, self.dirty, self.blob_refs, self.digest)
             return
-        for frame in frames:
-            ops = decode_tx(frame.payload).ops
+        items = frames.payloads() if isinstance(frames, LogFrames) else ((f.lsn, f.payload) for f in frames)
+        for lsn, payload in items:
+            ops = decode_tx(payload).ops
             for op in ops:
-                check.op(frame.lsn, op.key, op.value is not None, op.prior)
-            self.apply(frame.lsn, ops)
+                check.op(lsn, op.key, op.value is not None, op.prior)
+            self.apply(lsn, ops)
 
     def _forget_unread(self, key: str, lsn: int) -> bool:
         """Drop an unread record that transaction ``lsn`` replaces; True if ``lsn`` is older

@@ -150,12 +150,11 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         loaded={key: rec.lsn for key, rec in records.items()},
     )
     lsn = manifest.checkpoint_lsn
-    for frame in frames:
-        ops = decode_tx(frame.payload).ops
+    for lsn, payload in frames.payloads():
+        ops = decode_tx(payload).ops
         for op in ops:
-            check.op(frame.lsn, op.key, op.value is not None, op.prior)
-        _apply(records, frame.lsn, ops)
-        lsn = frame.lsn
+            check.op(lsn, op.key, op.value is not None, op.prior)
+        _apply(records, lsn, ops)
     check.finish(Digest.of((key, rec.lsn) for key, rec in records.items()))
     return StoreView(root=root, manifest=manifest, secret=secret, lsn=lsn, records=records)
 

@@ -32,6 +32,7 @@ import msgspec
 import xxhash
 
 from ..wal.frame import Frame
+from ..wal.frames import LogFrames
 from .catalog import CatalogEntry
 from .codec import Op, RecordImage, _tx_decoder
 from .errors import StoreCorruptError
@@ -39,7 +40,7 @@ from .evidence import Digest, ReplayCheck
 
 
 def replay_last_images(
-    frames: Iterable[Frame],
+    frames: LogFrames | Iterable[Frame],
     check: ReplayCheck,
     records: dict[str, RecordImage],
     unread: dict[str, CatalogEntry],
@@ -52,7 +53,8 @@ def replay_last_images(
     be decoded."""
     h = xxhash.xxh3_128_intdigest
     decode = _tx_decoder.decode
-    frames = frames if isinstance(frames, list) else list(frames)
+    # Payloads are decoded straight from the segment images (spans, no copies).
+    frames = frames if isinstance(frames, LogFrames) else LogFrames.from_frames(frames)
     # key -> lsn of its last operation so far: positive for a put (whose hash is owed to the
     # MANIFEST's digest until the next operation on the key cancels it or not), negative for
     # a delete.
@@ -62,25 +64,29 @@ def replay_last_images(
     try:
         if check.newer:
             _reproduce_newer(frames, check.newer)
-        for _offset, lsn, _batch, payload, _end in frames:
-            for op in decode(payload).ops:
-                key = op.key
-                prev = get(key)
-                last[key] = lsn if op.value is not None else -lsn
-                if prev is not None and op.prior == prev > 0 and prev != lsn:
-                    continue  # what a sound log holds: the prior is the put just before
-                # Everything else: the first operation on a key, a prior that does not match,
-                # a key named twice in one transaction.
-                prior = op.prior
-                if prev is not None and prev > 0:
-                    if prior == prev:
-                        prior = 0  # cancels the owed hash: neither is hashed
-                    else:
-                        e_added += h(key.encode() + b"\0" + prev.to_bytes(8, "little"))
-                        e_count += 1
-                if prior:
-                    e_removed += h(key.encode() + b"\0" + prior.to_bytes(8, "little"))
-                    e_count -= 1
+        lsn = frames.first_lsn - 1
+        for view, spans in frames.by_run():
+            it = iter(spans)
+            for start, end in zip(it, it, strict=True):
+                lsn += 1
+                for op in decode(view[start:end]).ops:
+                    key = op.key
+                    prev = get(key)
+                    last[key] = lsn if op.value is not None else -lsn
+                    if prev is not None and op.prior == prev > 0 and prev != lsn:
+                        continue  # what a sound log holds: the prior is the put just before
+                    # Everything else: the first operation on a key, a prior that does not
+                    # match, a key named twice in one transaction.
+                    prior = op.prior
+                    if prev is not None and prev > 0:
+                        if prior == prev:
+                            prior = 0  # cancels the owed hash: neither is hashed
+                        else:
+                            e_added += h(key.encode() + b"\0" + prev.to_bytes(8, "little"))
+                            e_count += 1
+                    if prior:
+                        e_removed += h(key.encode() + b"\0" + prior.to_bytes(8, "little"))
+                        e_count -= 1
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"undecodable transaction: {exc}") from None
 
@@ -89,23 +95,17 @@ def replay_last_images(
     # Each key's last operation, read again from its transaction (decoded once above, so
     # this cannot fail half-way). Nothing is kept per key but its lsn: 10,000 tuples alive
     # here were enough to set off a full garbage collection in the middle of an open.
-    first = frames[0].lsn if frames else 0
-    count = len(frames)
-    by_lsn: dict[int, bytes] | None = None
+    first = frames.first_lsn
+    span = frames.spans
+    owners = frames.owners() if last else []  # frame index -> view of its buffer
     several: dict[int, tuple[Op, ...]] = {}  # transactions of more than one operation
     for key, signed in last.items():
         owed = signed > 0
         lsn = signed if owed else -signed
         ops = several.get(lsn)
         if ops is None:
-            at = lsn - first
-            if 0 <= at < count and frames[at].lsn == lsn:
-                payload = frames[at].payload
-            else:  # not contiguous from the first frame: look the lsn up
-                if by_lsn is None:
-                    by_lsn = {f.lsn: f.payload for f in frames}
-                payload = by_lsn[lsn]
-            ops = decode(payload).ops
+            at = lsn - first  # lsns are contiguous from the first frame
+            ops = decode(owners[at][span[2 * at] : span[2 * at + 1]]).ops
             if len(ops) > 1:
                 several[lsn] = ops
         op = ops[0] if len(ops) == 1 else _applied(ops, key)
@@ -159,12 +159,14 @@ def _applied(ops: tuple[Op, ...], key: str) -> Op:
     return next((op for op in mine if op.value is not None), mine[-1])
 
 
-def _reproduce_newer(frames: list[Frame], newer: set[tuple[str, int]]) -> None:
+def _reproduce_newer(frames: LogFrames, newer: set[tuple[str, int]]) -> None:
     """Strike from ``newer`` each record file ``(key, version)`` that a put in the log
     reproduces (the early writes of an interrupted checkpoint; rare, so only those frames
     are looked at)."""
-    payloads = {frame.lsn: frame.payload for frame in frames}
+    first, count = frames.first_lsn, len(frames)
     for key, lsn in list(newer):
-        payload = payloads.get(lsn)
-        if payload is not None and any(op.key == key and op.value is not None for op in _tx_decoder.decode(payload).ops):
+        if not 0 <= lsn - first < count:
+            continue
+        ops = _tx_decoder.decode(frames.payload(lsn - first)).ops
+        if any(op.key == key and op.value is not None for op in ops):
             newer.discard((key, lsn))

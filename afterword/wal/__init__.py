@@ -2,11 +2,13 @@
 
 from .errors import TransactionTooLarge, WalClosedError, WalCorruptError, WalError, WalEvidenceError
 from .frame import Frame, SegmentHeader, decode_frame_at, encode_frame
+from .frames import LogFrames
 from .log import WalOptions, WalStatistics, WriteAheadLog
 from .scan import NamedSegment, ReplayPlan, SegmentImage, scan_chain
 
 __all__ = [
     "Frame",
+    "LogFrames",
     "NamedSegment",
     "ReplayPlan",
     "SegmentHeader",

@@ -1,14 +1,15 @@
-/* The WAL replay scan's hot loop in C (optional; afterword/wal/frame.py's read_run is the
- * reference and is used when this module is not built).
+/* The WAL replay scan's hot loop in C (optional; afterword/wal/frame.py's read_spans_py is
+ * the reference and is used when this module is not built).
  *
- * read_run(data, offset, salt, expect, max_payload, out, frame_type, hash64) walks the
- * frames of one segment image from `offset`, exactly as the Python loop does: the frame
- * header is read in place, the marker, lsn, length and bounds are checked, and each frame's
- * checksum (xxh3-64 of header bytes 0..24 then the payload, seeded with the salt) is
- * computed by calling `hash64(bytes, salt)` (xxhash.xxh3_64_intdigest: the hash itself stays
- * in the xxhash package; this loop only saves the per-frame interpreter work around it).
- * Each good frame is appended to `out` as frame_type(offset, lsn, batch_start, payload,
- * end). Returns (offset where the run stopped, next expected lsn).
+ * read_spans(data, offset, salt, expect, max_payload, hash64) walks the frames of one
+ * segment image from `offset`, exactly as the Python loop does: the frame header is read in
+ * place, the marker, lsn, length and bounds are checked, and each frame's checksum (xxh3-64
+ * of header bytes 0..24 then the payload, seeded with the salt) is computed by calling
+ * `hash64(bytes, salt)` (xxhash.xxh3_64_intdigest: the hash itself stays in the xxhash
+ * package; this loop only saves the per-frame interpreter work around it). No payload is
+ * copied out and no object is made per frame: each good frame's payload span in `data`
+ * (start, end) goes into one array of native int64 pairs, returned as bytes. Returns
+ * (offset where the run stopped, next expected lsn, spans).
  *
  * Layout (little endian): marker u32 | length u32 | lsn u64 | batch_start u64 | check u64.
  */
@@ -31,60 +32,14 @@ static uint64_t le64(const unsigned char *p)
     return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32);
 }
 
-static PyObject *make_frame(PyTypeObject *type, Py_ssize_t offset, uint64_t lsn, uint64_t batch_start,
-                            PyObject *payload, Py_ssize_t end)
-{
-    /* The items first, then the tuple subclass instance (CPython's own tuple.__new__ for a
-     * subclass allocates with tp_alloc and fills the slots the same way). */
-    PyObject *items[5];
-    items[0] = PyLong_FromSsize_t(offset);
-    items[1] = PyLong_FromUnsignedLongLong(lsn);
-    items[2] = PyLong_FromUnsignedLongLong(batch_start);
-    items[3] = payload;
-    items[4] = PyLong_FromSsize_t(end);
-    if (!items[0] || !items[1] || !items[2] || !items[4]) {
-        Py_XDECREF(items[0]);
-        Py_XDECREF(items[1]);
-        Py_XDECREF(items[2]);
-        Py_XDECREF(items[4]);
-        return NULL;
-    }
-    PyObject *frame = type->tp_alloc(type, 5);
-    if (frame == NULL) {
-        Py_DECREF(items[0]);
-        Py_DECREF(items[1]);
-        Py_DECREF(items[2]);
-        Py_DECREF(items[4]);
-        return NULL;
-    }
-    Py_INCREF(payload);
-    for (int i = 0; i < 5; i++) {
-        PyTuple_SET_ITEM(frame, i, items[i]);
-    }
-    /* Ints and bytes only: the frame can never be part of a cycle. Tens of thousands of
-     * tracked frames alive at once made the collector walk them again and again during
-     * replay (~15% of an open); untracked, they cost it nothing. */
-    if (PyObject_IS_GC(frame)) {
-        PyObject_GC_UnTrack(frame);
-    }
-    return frame;
-}
-
-static PyObject *read_run(PyObject *self, PyObject *args)
+static PyObject *read_spans(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     Py_ssize_t offset, max_payload;
     unsigned long long salt, expect;
-    PyObject *out, *frame_type, *hash64;
+    PyObject *hash64;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*nKKnO!O!O:read_run", &view, &offset, &salt, &expect, &max_payload,
-                          &PyList_Type, &out, &PyType_Type, &frame_type, &hash64)) {
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)frame_type;
-    if (!PyType_IsSubtype(type, &PyTuple_Type)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_TypeError, "read_run: frame_type must be a tuple subclass");
+    if (!PyArg_ParseTuple(args, "y*nKKnO:read_spans", &view, &offset, &salt, &expect, &max_payload, &hash64)) {
         return NULL;
     }
     const unsigned char *data = (const unsigned char *)view.buf;
@@ -92,6 +47,8 @@ static PyObject *read_run(PyObject *self, PyObject *args)
     const uint32_t marker = (uint32_t)(salt & 0xFFFFFFFFu) ? (uint32_t)(salt & 0xFFFFFFFFu) : 1u;
     PyObject *seed = PyLong_FromUnsignedLongLong(salt);
     PyObject *scratch = NULL; /* header + payload, hashed as one buffer */
+    int64_t *spans = NULL;     /* payload start, end of each good frame */
+    Py_ssize_t count = 0, room = 0;
     if (seed == NULL) {
         goto fail;
     }
@@ -103,7 +60,6 @@ static PyObject *read_run(PyObject *self, PyObject *args)
         uint32_t found = le32(head);
         uint64_t length = le32(head + 4);
         uint64_t lsn = le64(head + 8);
-        uint64_t batch_start = le64(head + 16);
         uint64_t check = le64(head + 24);
         Py_ssize_t start = offset + FRAME_HEADER_SIZE;
         if (found != marker || lsn != expect || (Py_ssize_t)length > max_payload ||
@@ -131,32 +87,37 @@ static PyObject *read_run(PyObject *self, PyObject *args)
         if (got != check) {
             break;
         }
-        Py_ssize_t next = start + (Py_ssize_t)((length + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
-        PyObject *payload = PyBytes_FromStringAndSize((const char *)data + start, (Py_ssize_t)length);
-        if (payload == NULL) {
-            goto fail;
+        if (count == room) {
+            Py_ssize_t grown = room ? room * 2 : 1024;
+            int64_t *more = PyMem_Realloc(spans, (size_t)grown * 2 * sizeof(int64_t));
+            if (more == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            spans = more;
+            room = grown;
         }
-        PyObject *frame = make_frame(type, offset, lsn, batch_start, payload, next);
-        Py_DECREF(payload);
-        if (frame == NULL) {
-            goto fail;
-        }
-        int appended = PyList_Append(out, frame);
-        Py_DECREF(frame);
-        if (appended < 0) {
-            goto fail;
-        }
-        offset = next;
+        spans[2 * count] = (int64_t)start;
+        spans[2 * count + 1] = (int64_t)(start + (Py_ssize_t)length);
+        count += 1;
+        offset = start + (Py_ssize_t)((length + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
         expect += 1;
     }
     Py_XDECREF(scratch);
     Py_DECREF(seed);
     PyBuffer_Release(&view);
-    return Py_BuildValue("nK", offset, expect);
+    PyObject *packed = PyBytes_FromStringAndSize(spans ? (const char *)spans : "",
+                                                 count * 2 * (Py_ssize_t)sizeof(int64_t));
+    PyMem_Free(spans);
+    if (packed == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("nKN", offset, expect, packed);
 
 fail:
     Py_XDECREF(scratch);
     Py_XDECREF(seed);
+    PyMem_Free(spans);
     PyBuffer_Release(&view);
     return NULL;
 }
@@ -200,7 +161,7 @@ static PyObject *find_aligned(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"read_run", read_run, METH_VARARGS, "Walk one segment's run of frames (see afterword.wal.frame.read_run)."},
+    {"read_spans", read_spans, METH_VARARGS, "Walk one segment's run of frames (see afterword.wal.frame.read_spans)."},
     {"find_aligned", find_aligned, METH_VARARGS, "First grid offset holding a pattern (see frame.find_aligned)."},
     {NULL, NULL, 0, NULL},
 };

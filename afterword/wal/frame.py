@@ -24,11 +24,12 @@ The marker and length share one aligned 8-byte word, so a length is never torn.
 from __future__ import annotations
 
 import struct
+from array import array
 from typing import NamedTuple
 
 import xxhash
 
-from .native import fast_find_aligned, fast_read_run
+from .native import fast_find_aligned, fast_read_spans
 
 SEGMENT_MAGIC_V3 = b"AWWAL\x03\x00\x00"
 SEGMENT_MAGIC = b"AWWAL\x04\x00\x00"
@@ -146,30 +147,28 @@ def is_end_marker(data: bytes | memoryview, offset: int) -> bool:
 _U63 = 1 << 63
 
 
-def read_run(
-    data: bytes, offset: int, salt: int, expect: int, max_payload: int, out: list[Frame]
-) -> tuple[int, int]:
-    """Append to ``out`` the frames at ``offset`` on whose lsns continue from ``expect``;
-    return where the run stopped and the next expected lsn.
+def read_spans(data: bytes, offset: int, salt: int, expect: int, max_payload: int, spans: array[int]) -> tuple[int, int]:
+    """Append to ``spans`` the payload span ``(start, end)`` in ``data`` of each frame at
+    ``offset`` on whose lsns continue from ``expect``; return where the run stopped and the
+    next expected lsn. Nothing is copied out of ``data`` and no object is made per frame.
 
-    The C loop (``native.py``) when it is built, else :func:`read_run_py`; both stop at the
-    same frame and give the same frames (``tests/test_wal_fastscan.py``).
+    The C loop (``native.py``) when it is built, else :func:`read_spans_py`; both stop at
+    the same frame and give the same spans (``tests/test_wal_fastscan.py``).
     """
-    fast = fast_read_run  # a module global, so a test can turn the C loop off
+    fast = fast_read_spans  # a module global, so a test can turn the C loop off
     if fast is not None and offset >= 0 and 0 <= expect < _U63 and 0 <= salt < _U63 << 1:
         max_payload = min(max_payload, _U63 - 1)
-        return fast(data, offset, salt, expect, max_payload, out, Frame, xxhash.xxh3_64_intdigest)
-    return read_run_py(data, offset, salt, expect, max_payload, out)
+        offset, expect, packed = fast(data, offset, salt, expect, max_payload, xxhash.xxh3_64_intdigest)
+        spans.frombytes(packed)
+        return offset, expect
+    return read_spans_py(data, offset, salt, expect, max_payload, spans)
 
 
-def read_run_py(
-    data: bytes, offset: int, salt: int, expect: int, max_payload: int, out: list[Frame]
+def read_spans_py(
+    data: bytes, offset: int, salt: int, expect: int, max_payload: int, spans: array[int]
 ) -> tuple[int, int]:
-    """Append to ``out`` the frames at ``offset`` on whose lsns continue from ``expect``;
-    return where the run stopped and the next expected lsn.
-
-    The replay hot loop: one ``unpack_from`` per frame, hashing straight from a memoryview of
-    the segment (no copies besides the payload), one reused hasher. Stops exactly where
+    """:func:`read_spans` in Python: one ``unpack_from`` per frame, hashing straight from a
+    memoryview of the segment with one reused hasher. Stops exactly where
     :func:`decode_frame_at` would reject the frame or its lsn is not the expected one.
     """
     view = memoryview(data)
@@ -178,10 +177,9 @@ def read_run_py(
     size = len(data)
     hasher = xxhash.xxh3_64(seed=salt)
     reset, update, digest = hasher.reset, hasher.update, hasher.intdigest
-    append = out.append
-    new = tuple.__new__  # a NamedTuple's own constructor is a Python-level call per frame
+    append = spans.append
     while offset + FRAME_HEADER_SIZE <= size:
-        found, length, lsn, batch_start, check = unpack(data, offset)
+        found, length, lsn, _batch_start, check = unpack(data, offset)
         start = offset + FRAME_HEADER_SIZE
         end = start + length
         if found != marker or lsn != expect or length > max_payload or end > size:
@@ -191,8 +189,8 @@ def read_run_py(
         update(view[start:end])
         if digest() != check:
             break
-        nxt = start + ((length + ALIGN - 1) & ~(ALIGN - 1))
-        append(new(Frame, (offset, lsn, batch_start, data[start:end], nxt)))
-        offset = nxt
+        append(start)
+        append(end)
+        offset = start + ((length + ALIGN - 1) & ~(ALIGN - 1))
         expect += 1
     return offset, expect

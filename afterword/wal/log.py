@@ -17,7 +17,8 @@ import anyio.lowlevel
 
 from ..disk import StateRoot, StorageFullError
 from .committer import Committer
-from .frame import SEGMENT_HEADER_SIZE, Frame
+from .frame import SEGMENT_HEADER_SIZE
+from .frames import LogFrames
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
 from .recovery import RecoveringLog
 from .scan import NamedSegment
@@ -60,8 +61,9 @@ class WriteAheadLog(RecoveringLog):
         named: Sequence[NamedSegment] = (),
         acked_lsn: int = 0,
         before_free: Callable[[list[int]], None] | None = None,
-    ) -> tuple[WriteAheadLog, list[Frame]]:
-        """Open (creating if needed) and return the log plus the frames to replay.
+    ) -> tuple[WriteAheadLog, LogFrames]:
+        """Open (creating if needed) and return the log plus the frames to replay (spans into
+        the segments read, see ``frames.py``).
 
         ``named`` and ``acked_lsn`` are the MANIFEST's evidence: every named segment life
         must be present and the log must reach ``acked_lsn``, else ``WalEvidenceError``

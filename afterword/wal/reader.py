@@ -7,7 +7,7 @@ or still-unsynced tail is simply left out, and nothing on disk is touched.
 from __future__ import annotations
 
 from ..disk import StateRoot
-from .frame import Frame
+from .frames import LogFrames
 from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_chain
 
 SEGMENT_SUFFIX = ".seg"
@@ -41,7 +41,7 @@ def read_chain(
     max_payload: int,
     named: list[NamedSegment] | None = None,
     acked_lsn: int = 0,
-) -> tuple[list[Frame], list[SegmentImage]]:
+) -> tuple[LogFrames, list[SegmentImage]]:
     """The frames a recovery would replay, and the segment images they came from.
 
     Raises ``WalCorruptError`` on damage a crash cannot explain, exactly as recovery would;

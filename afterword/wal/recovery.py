@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .frame import SEGMENT_HEADER_SIZE, Frame, decode_segment_header
+from .frame import SEGMENT_HEADER_SIZE, decode_segment_header
+from .frames import LogFrames
 from .scan import NamedSegment, Restore, SegmentImage, check_acked, check_named, scan_chain
 from .segments import SEGMENT_SUFFIX, SegmentLog, _Segment
 
@@ -24,7 +25,7 @@ class RecoveringLog(SegmentLog):
         named: list[NamedSegment],
         acked_lsn: int,
         before_free: Callable[[list[int]], None] | None,
-    ) -> list[Frame]:
+    ) -> LogFrames:
         root = self.root
         root.ensure_dir(self.rel_dir)
         root.remove_temporaries(self.rel_dir)

@@ -31,8 +31,9 @@ from .frame import (
     decode_segment_header,
     find_aligned,
     marker_for,
-    read_run,
+    read_spans,
 )
+from .frames import LogFrames
 from .shadow import Shadow, find_shadow
 
 
@@ -58,7 +59,7 @@ class Restore(NamedTuple):
 
 
 class ReplayPlan(NamedTuple):
-    frames: list[Frame]
+    frames: LogFrames  # spans into the segment images: no payload is copied
     next_lsn: int
     tail_slot: int | None  # where writing continues, None when the chain is empty
     tail_offset: int
@@ -100,7 +101,7 @@ def scan_chain(
             raise WalCorruptError(f"segment seq gap: {prev.seq} then {cur.seq}")
 
     expect = checkpoint_lsn + 1
-    frames: list[Frame] = []
+    frames = LogFrames(expect)
     tail_slot: int | None = None
     tail_offset = SEGMENT_HEADER_SIZE
     tail_header: SegmentHeader | None = None
@@ -124,9 +125,10 @@ def scan_chain(
             continue
         data = image.data
         offset = SEGMENT_HEADER_SIZE
+        frames.start_run(data)
         seg_first = len(frames)
         while True:
-            offset, expect = read_run(data, offset, header.salt, expect, max_payload, frames)
+            offset, expect = read_spans(data, offset, header.salt, expect, max_payload, frames.spans)
             if header.version < 4:
                 break
             shadow = find_shadow(data, header.salt, offset, expect)
@@ -134,7 +136,9 @@ def scan_chain(
             if shadow is None or restored is None:
                 break
             restores.append(Restore(image.slot, shadow.start, shadow.copy, expect, shadow.last_lsn))
-            frames.extend(restored)
+            frames.start_run(shadow.copy, shadow.start)
+            frames.spans.extend(restored)
+            frames.start_run(data)
             expect = shadow.last_lsn + 1
             offset = shadow.offset
         tail_slot, tail_offset, tail_header = image.slot, offset, header
@@ -159,14 +163,15 @@ def scan_chain(
 
 def _from_shadow(
     shadow: Shadow | None,
-    frames: list[Frame],
+    frames: LogFrames,
     seg_first: int,
     expect: int,
     offset: int,
     salt: int,
     max_payload: int,
-) -> list[Frame] | None:
-    """The frames from ``expect`` on that ``shadow`` restores, or None if it does not fit here.
+) -> list[int] | None:
+    """The payload spans (start, end, ... in ``shadow.copy``) of the frames from ``expect``
+    on that ``shadow`` restores, or None if it does not fit here.
 
     The shadow must cover a write that starts where this segment has it: at ``offset`` when
     the write's first lsn is ``expect``, else at the offset of the frame already read with
@@ -179,16 +184,16 @@ def _from_shadow(
             return None
     else:
         index = len(frames) - (expect - shadow.first_lsn)
-        if index < seg_first or frames[index].offset != shadow.start:
+        if index < seg_first or frames.frame(index).offset != shadow.start:
             return None
-    out: list[Frame] = []
+    out: list[int] = []
     pos, lsn = 0, shadow.first_lsn
     while pos < len(shadow.copy):
         frame = decode_frame_at(shadow.copy, pos, salt, max_payload)
         if frame is None or frame.lsn != lsn:
             return None
         if lsn >= expect:
-            out.append(frame._replace(offset=shadow.start + pos, end=shadow.start + frame.end))
+            out += (pos + FRAME_HEADER_SIZE, pos + FRAME_HEADER_SIZE + len(frame.payload))
         pos, lsn = frame.end, lsn + 1
     return out if lsn == shadow.last_lsn + 1 and pos == len(shadow.copy) else None
 
