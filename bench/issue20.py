@@ -202,36 +202,51 @@ def _x(v: float | None, spec: str = ".2f", suffix: str = "x") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def paired(a: compare.Row | None, b: compare.Row | None) -> float | None:
+    """Median over the repetitions of a's rate over b's in the same repetition.
+
+    The two ran minutes apart at most within one repetition, so a shared machine's drift
+    over the run (load often halves or doubles) cancels in each pair; the ratio of the two
+    medians would mix samples from different minutes.
+    """
+    if a is None or b is None:
+        return None
+    pairs = [x / y for x, y in zip(a.samples, b.samples, strict=False) if y > 0]
+    return median(pairs) if pairs else None
+
+
 def issue_rows(store: list[compare.Row], e2e_data: dict[str, Any]) -> list[IssueRow]:
     limit = _row(store, compare.LIMIT, compare.LIMIT_PREALLOC)
     one = _row(store, compare.AFTERWORD_WAL, "c=1")
     many = _row(store, compare.AFTERWORD_WAL, "c=64")
     sq1 = _row(store, compare.SQLITE, "c=1")
+    sq64 = _row(store, compare.SQLITE, "c=64")
+    x_limit, x_sqlite, x_sqlite64 = paired(one, limit), paired(one, sq1), paired(many, sq64)
     rows = [
         IssueRow(
             "WAL, 1 committer / preallocated pwrite+fdatasync limit",
             "0.17x (3,277 vs 19,109/s)",
-            f"{_x(one.ratio_to_limit if one else None)} ({_n(one)} vs {_n(limit)}/s)",
+            f"{_x(x_limit)} ({_n(one)} vs {_n(limit)}/s)",
             ">= 0.6x",
-            one.ratio_to_limit if one else None,
+            x_limit,
             0.6,
             see=WAL_EVIDENCE,
         ),
         IssueRow(
             "WAL, 1 committer / SQLite WAL FULL, 1 writer",
             "0.27x (vs 12,280/s)",
-            f"{_x(one.ratio_to_sqlite if one else None)} (vs {_n(sq1)}/s)",
+            f"{_x(x_sqlite)} (vs {_n(sq1)}/s)",
             ">= 1.0x",
-            one.ratio_to_sqlite if one else None,
+            x_sqlite,
             1.0,
             see=WAL_EVIDENCE,
         ),
         IssueRow(
             "WAL, 64 committers / SQLite at 64",
             "70x",
-            f"{_x(many.ratio_to_sqlite if many else None, '.0f')} ({_n(many)}/s)",
+            f"{_x(x_sqlite64, '.0f')} ({_n(many)}/s)",
             "keep >= 5x",
-            many.ratio_to_sqlite if many else None,
+            x_sqlite64,
             5.0,
         ),
     ]
@@ -243,12 +258,12 @@ def issue_rows(store: list[compare.Row], e2e_data: dict[str, Any]) -> list[Issue
         twin = sqlite_open.get(r.setting)
         if r.system != compare.AFTERWORD_STORE or r.kind != "open" or twin is None:
             continue
-        times = r.seconds / twin.seconds if twin.seconds else None
+        times = paired(twin, r)  # both load the same rows: SQLite's rate over ours is a time ratio
         rows.append(
             IssueRow(
                 f"store {r.setting} / SQLite loading the same rows",
                 "7.3x SQLite's time" if "," not in r.setting else "-",  # the issue's row: the plain open
-                f"{_x(times)} SQLite's time ({r.seconds * 1000:.0f} vs {twin.seconds * 1000:.0f} ms)",
+                f"{_x(times)} SQLite's time (medians {r.seconds * 1000:.0f} vs {twin.seconds * 1000:.0f} ms)",
                 "<= 2x",
                 times,
                 2.0,
@@ -378,7 +393,6 @@ def run(profile: Profile, base: str, mode: str) -> dict[str, Any]:
     load_mid = load()
     say(f"load average {load_mid}; end to end")
     e2e_data = anyio.run(e2e_figures, profile, base)
-    rows = issue_rows(store, e2e_data)
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
         "duration_s": round(time.time() - began, 1),
@@ -390,6 +404,11 @@ def run(profile: Profile, base: str, mode: str) -> dict[str, Any]:
         "load_between": load_mid,
         "load_after": load(),
     }
+    return result(meta, store, e2e_data)
+
+
+def result(meta: dict[str, Any], store: list[compare.Row], e2e_data: dict[str, Any]) -> dict[str, Any]:
+    rows = issue_rows(store, e2e_data)
     return {
         "meta": meta,
         "rows": [{**asdict(r), "met": r.met, "verdict": r.verdict} for r in rows],
@@ -400,6 +419,11 @@ def run(profile: Profile, base: str, mode: str) -> dict[str, Any]:
     }
 
 
+def render(data: dict[str, Any]) -> dict[str, Any]:
+    """The table again from an earlier run's --json (after this module's rows or pointers changed)."""
+    return result(data["meta"], [compare.Row(**r) for r in data["store"]], data["e2e"])
+
+
 def main(argv: Sequence[str] | None = None, printer: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.issue20", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and shorter repetitions (a few minutes)")
@@ -407,10 +431,15 @@ def main(argv: Sequence[str] | None = None, printer: Callable[[str], None] = pri
     parser.add_argument("--json", metavar="PATH", type=output_path, help="write every row and figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", type=output_path, help="also write the table here")
     parser.add_argument("--dir", metavar="DIR", help="scratch directory (default: on the repo's file system)")
+    parser.add_argument("--render", metavar="JSON", help="measure nothing: print the table of an earlier --json")
     args = parser.parse_args(argv)
-    profile = SMOKE if args.smoke else QUICK if args.quick else FULL
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    out = run(profile, scratch_base(args.dir), mode)
+    if args.render:
+        with open(args.render, encoding="utf-8") as fh:
+            out = render(json.load(fh))
+    else:
+        profile = SMOKE if args.smoke else QUICK if args.quick else FULL
+        mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+        out = run(profile, scratch_base(args.dir), mode)
     printer(out["markdown"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -38,8 +38,8 @@ def synthetic_store() -> list[compare.Row]:
         _store_row("sqlite", "c=64", "commit", 64, 500.0),
         _store_row("afterword-store", "open 10k+50k", "open", None, 20_000.0, seconds=0.3),
         _store_row("sqlite", "open 10k+50k", "open", None, 60_000.0, seconds=0.1),
-        _store_row("afterword-store", "open 10k+50k, serve's reads", "open", None, 1.0, seconds=0.3),
-        _store_row("sqlite", "open 10k+50k, serve's reads", "open", None, 1.0, seconds=0.2),
+        _store_row("afterword-store", "open 10k+50k, serve's reads", "open", None, 2.0, seconds=0.3),
+        _store_row("sqlite", "open 10k+50k, serve's reads", "open", None, 3.0, seconds=0.2),
         _store_row("afterword-store", "open 10k+50k, serve's reads, no summaries", "open", None, 1.0, seconds=9),
         _store_row("afterword-store", "replay 64 MiB log", "replay", None, 200_000.0),
     ]
@@ -102,6 +102,27 @@ def test_every_issue_row_is_present_with_its_ratio_and_verdict() -> None:
     assert dbos.value == pytest.approx(220.0 / 20.0) and dbos.verdict == "reported"
     assert rows["result-to-delivery p50 / p99, 1 producer(s)"].now == "10.0 / 20.0 ms"
     assert "serve RSS, 10,000 active + 50,000 tombstones" in rows
+
+
+def test_ratios_pair_the_samples_of_each_repetition() -> None:
+    # The machine got twice as fast between repetitions: each pair says 0.5x, while the
+    # medians of the two cases (taken from different repetitions) would say otherwise.
+    ours = compare.Row("afterword-wal", "c=1", "commit", 1, "commits/s", 0.0, 1.0, [100.0, 200.0, 400.0])
+    limit = compare.Row("limit", compare.LIMIT_PREALLOC, "commit", 1, "commits/s", 0.0, 1.0, [200.0, 400.0, 800.0])
+    assert issue20.paired(ours, limit) == pytest.approx(0.5)
+    assert issue20.paired(None, limit) is None
+
+
+def test_render_rebuilds_the_table_from_an_earlier_json(tmp_path: Path) -> None:
+    meta = {"started": "x", "mode": "full", "commit": "c", "duration_s": 1.0, "load_before": [1.0] * 3}
+    meta |= {"load_after": [1.0] * 3, "machine": {"cpus": 2, "cpu": "c", "kernel": "k", "python": "p"}}
+    meta["machine"] |= {"sqlite": "s", "filesystem": {"fstype": "ext4", "device": "d"}}
+    first = issue20.result(meta, synthetic_store(), synthetic_e2e())
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(first))
+    lines: list[str] = []
+    assert issue20.main(["--render", str(path)], printer=lines.append) == 0
+    assert lines == [first["markdown"]]
 
 
 def test_markdown_links_each_missed_row_to_its_evidence() -> None:
