@@ -10,6 +10,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from afterword.store import native
 from afterword.store.catalog import CatalogEntry
 from afterword.store.codec import Op, RecordImage, decode_tx, encode_tx
 from afterword.store.evidence import ReplayCheck
@@ -75,6 +76,7 @@ def _check(state: CommittedState, digest: str, count: int) -> ReplayCheck:
     start=st.integers(min_value=1, max_value=6),
     manifest_off=st.booleans(),
     cuts=st.sets(st.integers(min_value=1, max_value=7), max_size=3),
+    c_pass=st.booleans(),
 )
 def test_fused_replay_matches_step_by_step(
     files: dict[str, int],
@@ -83,6 +85,7 @@ def test_fused_replay_matches_step_by_step(
     start: int,
     manifest_off: bool,
     cuts: set[int],
+    c_pass: bool,
 ) -> None:
     frames = [Frame(0, start + i, start + i, encode_tx(tuple(ops)), 0) for i, ops in enumerate(txs)]
     step, fused = _state(files, catalogued), _state(files, catalogued)
@@ -94,7 +97,13 @@ def test_fused_replay_matches_step_by_step(
         for op in ops:
             step_check.op(frame.lsn, op.key, op.value is not None, op.prior)
         step.apply(frame.lsn, ops)
-    fused.replay(_in_runs(frames, cuts), fused_check)  # as the log hands them over
+    saved = native.fast_first_pass
+    if not c_pass:
+        native.fast_first_pass = None  # the msgspec pass (as without a compiler)
+    try:
+        fused.replay(_in_runs(frames, cuts), fused_check)  # as the log hands them over
+    finally:
+        native.fast_first_pass = saved
 
     assert fused.digest == step.digest
     assert fused_check.expected == step_check.expected

@@ -207,6 +207,8 @@ def test_a_store_opens_and_replays_on_the_pure_python_scan(tmp_path: Path) -> No
         "from afterword.store import RecordStore, Put\n"
         "from afterword.wal import native\n"
         "assert native.fast_read_spans is None and native.fast_find_aligned is None\n"
+        "from afterword.store import native as store_native\n"
+        "assert store_native.fast_first_pass is None\n"
         "s = RecordStore.open(sys.argv[1])\n"
         "for i in range(50): s.transact_sync([Put(f'k/{i % 7}', b'v%d' % i)])\n"
         "s.close()\n"

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 import xxhash
 
 from ..wal.frame import Frame
 from ..wal.frames import LogFrames
+from . import native
 from .catalog import CatalogEntry
 from .codec import Op, RecordImage, _tx_decoder
 from .errors import StoreCorruptError
@@ -59,36 +61,25 @@ def replay_last_images(
     # MANIFEST's digest until the next operation on the key cancels it or not), negative for
     # a delete.
     last: dict[str, int] = {}
-    get = last.get
     e_added = e_removed = e_count = 0  # the MANIFEST's digest: terms that did not cancel
     try:
         if check.newer:
             _reproduce_newer(frames, check.newer)
-        lsn = frames.first_lsn - 1
-        for view, spans in frames.by_run():
-            it = iter(spans)
-            for start, end in zip(it, it, strict=True):
-                lsn += 1
-                for op in decode(view[start:end]).ops:
-                    key = op.key
-                    prev = get(key)
-                    last[key] = lsn if op.value is not None else -lsn
-                    if prev is not None and op.prior == prev > 0 and prev != lsn:
-                        continue  # what a sound log holds: the prior is the put just before
-                    # Everything else: the first operation on a key, a prior that does not
-                    # match, a key named twice in one transaction.
-                    prior = op.prior
-                    if prev is not None and prev > 0:
-                        if prior == prev:
-                            prior = 0  # cancels the owed hash: neither is hashed
-                        else:
-                            e_added += h(key.encode() + b"\0" + prev.to_bytes(8, "little"))
-                            e_count += 1
-                    if prior:
-                        e_removed += h(key.encode() + b"\0" + prior.to_bytes(8, "little"))
-                        e_count -= 1
+        fast = native.fast_first_pass
+        odd = fast(list(frames.by_run()), frames.first_lsn, last) if fast is not None else None
+        if odd is None:  # no C pass, or a log it does not read: msgspec decides
+            last.clear()
+            odd = _first_pass(frames, last)
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"undecodable transaction: {exc}") from None
+    it = iter(odd)
+    for key, owed, prior in zip(it, it, it, strict=True):
+        if owed:
+            e_added += h(key.encode() + b"\0" + owed.to_bytes(8, "little"))
+            e_count += 1
+        if prior:
+            e_removed += h(key.encode() + b"\0" + prior.to_bytes(8, "little"))
+            e_count -= 1
 
     dirty_add = dirty.add
     added = removed = n_added = n_removed = 0
@@ -149,6 +140,39 @@ def replay_last_images(
     digest.merge(Digest(added - removed, n_added - n_removed))
     if check.expected is not None:
         check.expected.merge(Digest(e_added - e_removed, e_count))
+
+
+def _first_pass(frames: LogFrames, last: dict[str, int]) -> list[Any]:
+    """Fill ``last`` (key -> lsn of its last operation, negative for a delete) and return,
+    flat, ``key, owed, prior`` for each operation whose prior is not the put just before it
+    on the key: ``owed`` the previous put's lsn whose hash no prior cancelled (else 0),
+    ``prior`` the prior to subtract (else 0). What a sound log holds costs nothing here."""
+    decode = _tx_decoder.decode
+    get = last.get
+    odd: list[Any] = []
+    lsn = frames.first_lsn - 1
+    for view, spans in frames.by_run():
+        it = iter(spans)
+        for start, end in zip(it, it, strict=True):
+            lsn += 1
+            for op in decode(view[start:end]).ops:
+                key = op.key
+                prev = get(key)
+                last[key] = lsn if op.value is not None else -lsn
+                if prev is not None and op.prior == prev > 0 and prev != lsn:
+                    continue  # what a sound log holds: the prior is the put just before
+                # Everything else: the first operation on a key, a prior that does not match,
+                # a key named twice in one transaction.
+                prior = op.prior
+                owed = 0
+                if prev is not None and prev > 0:
+                    if prior == prev:
+                        prior = 0  # cancels the owed hash: neither is hashed
+                    else:
+                        owed = prev
+                if owed or prior:
+                    odd += (key, owed, prior)
+    return odd
 
 
 def _applied(ops: tuple[Op, ...], key: str) -> Op:

@@ -1,0 +1,3 @@
+from typing import Any
+
+def first_pass(runs: list[Any], first_lsn: int, last: dict[str, int], /) -> list[Any] | None: ...
