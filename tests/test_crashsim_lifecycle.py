@@ -27,6 +27,7 @@ from tools.crashsim import (  # noqa: E402
     ContinuationLifecycle,
     Explorer,
     LocalSynthesisLifecycle,
+    OutboxLifecycle,
     Scratch,
     Settings,
     explore,
@@ -126,6 +127,32 @@ def test_bounded_sample_of_the_local_synthesis_lifecycle_has_no_violation(scratc
     print(report)
     assert all(r.states > 50 for r in models) and faults.injected > 0
     assert not [v for r in models for v in r.violations] + faults.violations, report
+
+
+@pytest.mark.slow
+def test_bounded_sample_of_the_outbox_lifecycle_has_no_violation(scratch: Scratch) -> None:
+    settings = Settings(budget=120, recovery_budget=4, fault_budget=24)
+    workload = OutboxLifecycle(seed=2)
+    models = [explore(workload, model, settings, scratch) for model in (PROCESS, TORN)]
+    faults = run_faults(workload, settings, scratch)
+    report = render(models, [faults], seconds=0.0)
+    print(report)
+    assert all(r.states > 50 for r in models) and faults.injected > 0
+    assert not [v for r in models for v in r.violations] + faults.violations, report
+
+
+def test_the_outbox_model_settles_an_interrupted_delivery_from_the_lines_it_holds() -> None:
+    w = OutboxLifecycle(seed=0)
+    order = sorted(w.ops_by_number)
+    posts = sorted(n for n, op in w.ops_by_number.items() if (op.label, op.kind) == ("I", "post"))
+    in_flight = w.expect([n for n in order if n <= _numbers(w, "I", "in-flight")])["I"]
+    one_line = w.expect([n for n in order if n <= posts[0]])["I"]
+    both = w.expect([n for n in order if n <= posts[1]])
+    # No line: posted afresh; one of two: the rest is posted; both: delivered, answer recorded.
+    assert isinstance(in_flight, View) and (in_flight.state, in_flight.error) == ("delivery_retry", "delivery_reconciled")
+    assert isinstance(one_line, View) and one_line.state == "delivery_retry"
+    assert isinstance(both["I"], Compacted) and both["I"].state == "delivered"
+    assert both["history:I"] == ("I:answer",)
 
 
 def test_the_local_model_has_no_synthesizing_step() -> None:

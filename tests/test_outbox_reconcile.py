@@ -12,6 +12,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -184,3 +185,37 @@ def test_sigkill_of_serve_mid_outbox_delivery_is_reconciled_after_restart(tmp_pa
     assert counts == Counter({f"{cid}:{i}": 1 for i in range(chunk_count)})
     assert status["receipt"]["deliveryIds"] == [f"{cid}:{i}" for i in range(chunk_count)]
     assert summary in "".join(line["text"] for line in lines)
+
+
+@pytest.mark.anyio
+async def test_a_reconciled_delivery_joins_the_history_before_it_is_committed_delivered(tmp_path: Path) -> None:
+    """One commit, after the history append: a crash between the two can only leave the record
+    in flight (reconciled again, the append being idempotent), never delivered without its
+    answer in the history (found by the crash simulator's lifecycle-outbox workload)."""
+    config, env = make_config(tmp_path)
+    async with running(config, env, run_worker=False) as h:
+        claimed = await reply_run(h.service, h.producer, {"summary": "x"}, reply_to=ROUTE)
+        now = h.service.clock_ms
+        await h.service.transition(
+            claimed.id, lambda r: lc.synthesize_locally(r, "the answer", now(), start_delivery=True)
+        )
+        await OutboxChannel(os.path.join(config.config_dir, "outbox.jsonl")).post(
+            delivery(f"{claimed.id}:0", 0, 1, "the answer")
+        )
+        events: list[tuple[str, ...]] = []
+        h.service.on_change.append(
+            lambda old, new: events.append(
+                ("commit", new.state, str(new.receipt.history_recorded if new.receipt else None))
+            )
+        )
+        history = h.worker.delivery.history
+        assert history is not None
+        real = history.append
+
+        async def append(conversation_id: str, messages: Any) -> None:
+            events.append(("append",))
+            await real(conversation_id, messages)
+
+        history.append = append  # type: ignore[method-assign]
+        assert await h.worker.reconcile_interrupted() == 1
+    assert events == [("append",), ("commit", "delivered", "True")]

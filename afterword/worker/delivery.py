@@ -275,9 +275,16 @@ class Delivery(Steps):
             return False
         ids = [held[k].delivery_id if k in held else None for k in keys]
         channel_id = next((r.channel_id for r in held.values()), None)
-        new = await self.transition(rec.id, lambda r: lifecycle.reconcile(r, ids, channel_id, now()))
-        if new.state == "delivered":
-            recorded, code = await self.record_history(new)
-            await self.transition(rec.id, lambda r: lifecycle.with_history(r, recorded, code, now()))
+        if ids and all(ids):
+            # Every chunk is there: as on the normal path, the answer joins the history before
+            # the record says delivered, so a crash in between leaves it to reconcile again
+            # (the append is idempotent) rather than delivered without its history.
+            recorded, code = await self.record_history(rec)
+            new = await self.transition(
+                rec.id,
+                lambda r: lifecycle.with_history(lifecycle.reconcile(r, ids, channel_id, now()), recorded, code, now()),
+            )
+        else:
+            new = await self.transition(rec.id, lambda r: lifecycle.reconcile(r, ids, channel_id, now()))
         log.info("continuation %s: interrupted delivery reconciled (%s)", rec.id, new.state)
         return True

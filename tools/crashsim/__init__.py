@@ -10,7 +10,7 @@ from .faults import FaultPlan, FaultyDisk
 from .model import MODELS, PROCESS, REORDER, TORN, Model, get_model
 from .recorder import Recorder, Recording
 from .runner import Explorer, FaultResult, ModelResult, Scratch, Settings, explore, run_fault, run_faults
-from .service_workloads import ContinuationLifecycle, LocalSynthesisLifecycle  # registers
+from .service_workloads import ContinuationLifecycle, LocalSynthesisLifecycle, OutboxLifecycle  # registers
 from .states import CrashState, StateSpace, Tree
 from .store_workloads import BlobLifecycle, CheckpointRecycling, StoreTransactions, StoreWorkload  # registers
 from .workloads import WORKLOADS, Journal, Workload, get_workload, register
@@ -33,6 +33,7 @@ __all__ = [
     "LocalSynthesisLifecycle",
     "Model",
     "ModelResult",
+    "OutboxLifecycle",
     "Recorder",
     "Recording",
     "Scratch",

@@ -52,6 +52,7 @@ from afterword.store import RecordStore, StoreClosedError, StoreOptions
 from afterword.store.keys import CONTINUATION_IDS, RESULT_TOKENS, derive_key
 from afterword.wal import WalOptions
 from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, Worker
+from afterword.worker.channels import OutboxChannel, split_chunks
 from afterword.worker.compose import attach_worker
 
 from .store_workloads import _secret_fingerprint
@@ -241,6 +242,7 @@ class Model:
 
     views: dict[str, View] = field(default_factory=dict)
     local: bool = False
+    lines: dict[str, int] = field(default_factory=dict)  # outbox lines made durable, by label
     activation: bool = False
     answered: set[str] = field(default_factory=set)  # labels whose answer is in the history
 
@@ -289,6 +291,8 @@ class Model:
             new = replace(v, in_flight=True, attempts=(s, d + 1))
         elif kind == "chunk" and delivering:
             new = replace(v, chunks=v.chunks + 1)
+        elif kind == "post":  # an outbox line was made durable (the outbox workload)
+            self.lines[label] = self.lines.get(label, 0) + 1
         elif kind == "history":
             self.answered.add(label)
         elif kind == "delivered" and delivering:
@@ -309,11 +313,21 @@ class Model:
 SETTLED = frozenset({"delivered", "expired", "cancelled"})
 
 
-def after_restart(v: View) -> View | Compacted:
+def after_restart(v: View, outbox: tuple[int, int] | None = None) -> View | Compacted:
     """The restart rules, written from the lifecycle's invariants (not from its code), then the
-    retention pass ``open_service`` runs: settled outcomes are compacted at once."""
+    retention pass ``open_service`` runs: settled outcomes are compacted at once. ``outbox``:
+    the channel can reconcile, holding that many of the answer's chunks (lines, chunks)."""
     if v.origin == "pending":
         v = replace(v, origin="abandoned")  # the origin run never committed
+    interrupted = v.state in ("ready_to_deliver", "delivery_retry") and (v.in_flight or v.chunks)
+    if outbox is not None and interrupted:
+        held, total = outbox
+        if held >= total:  # every chunk is in the outbox: delivered, and the answer recorded
+            v = replace(
+                v, state="delivered", in_flight=False, chunks=0, error=None, receipt="posted", history_recorded=True
+            )
+        else:  # the rest is posted at once; nothing is unproven
+            v = replace(v, state="delivery_retry", in_flight=False, chunks=0, error="delivery_reconciled")
     if v.state == "synthesizing":
         v = replace(v, state="dead_lettered", error="synthesis_interrupted", in_flight=False)
     elif v.state in ("ready_to_deliver", "delivery_retry") and (v.in_flight or v.chunks):
@@ -368,6 +382,60 @@ class RecordingChannel:
         self.posts.append(delivery)
         self.on_post(delivery)
         return ChunkReceipt(delivery_id=f"msg-{delivery.delivery_key}", channel_id="crashsim")
+
+
+class RecordingOutbox(OutboxChannel):
+    """The real outbox (on the recorded disk, beside the state directory) with the fake
+    channel's chunk size, telling the workload when a post begins and when its line is durable."""
+
+    max_chunk_chars = CHUNK_CHARS
+
+    def __init__(
+        self,
+        path: str,
+        disk: Disk | None,
+        on_post: Callable[[ChunkDelivery], None] = lambda _d: None,
+        on_durable: Callable[[ChunkDelivery], None] = lambda _d: None,
+    ) -> None:
+        super().__init__(path, disk=disk)
+        self.on_post = on_post
+        self.on_durable = on_durable
+        self.posts: list[ChunkDelivery] = []
+
+    async def post(self, delivery: ChunkDelivery) -> ChunkReceipt:
+        self.posts.append(delivery)
+        self.on_post(delivery)
+        receipt = await super().post(delivery)
+        self.on_durable(delivery)
+        return receipt
+
+
+def _unfaulted(disk: Disk, journal: Journal) -> Disk:
+    """The disk for the outbox: the recorded one while crash states are explored, a plain one
+    (neither faulted nor counted) while faults are injected or counted."""
+    if journal.tolerant or type(disk).__name__ == "FaultyDisk":
+        return OsDisk()
+    return disk
+
+
+def outbox_path(state_dir: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(state_dir)), "outbox.jsonl")
+
+
+def outbox_keys(state_dir: str) -> list[str]:
+    """The delivery keys of the outbox's complete lines, in file order (duplicates kept)."""
+    try:
+        with open(outbox_path(state_dir), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    keys = []
+    for raw in data[: data.rfind(b"\n") + 1].split(b"\n"):
+        try:
+            keys.append(msgspec.json.decode(raw)["deliveryKey"])
+        except (msgspec.DecodeError, KeyError, TypeError):
+            continue
+    return keys
 
 
 class ObservedHistory:
@@ -525,10 +593,14 @@ class ContinuationLifecycle(Workload):
     summary = "continuation lifecycle: interactive + detached claims, results, synthesis, delivery"
     default_ops = 20
     local = False  # a remote (model) synthesizer: synthesizing is durable before the call
+    outbox = False  # the channel is a recording stand-in that cannot reconcile
 
     def __init__(self, *, seed: int, ops: int | None = None) -> None:
         super().__init__(seed=seed, ops=ops)
         self.rng = random.Random(f"{self.name}/{seed}")
+        self.chunk_counts = {
+            p.label: len(split_chunks(answer_text(payload_of(p, seed)), CHUNK_CHARS)) for p in PARTIES
+        }
         self.steps = self.script()
         total = sum(len(s) for s in self.steps)
         if self.ops > total:
@@ -553,8 +625,12 @@ class ContinuationLifecycle(Workload):
             plan += [(("I", "activate"),), (("I", "result"),)]
         plan += [(("S", "claim"),), (("N", "result"),), (("S", "result"),)]
         start = () if self.local else ("synth-start",)
-        interactive = tuple(("I", k) for k in (*start, "text", "in-flight", "chunk", "history", "delivered"))
-        notify = tuple(("N", k) for k in (*start, "text", "in-flight", "history", "delivered"))
+        # With the outbox every post is an operation too: its line is durable when it returns.
+        post = ("post",) if self.outbox else ()
+        interactive = tuple(
+            ("I", k) for k in (*start, "text", "in-flight", *post, "chunk", *post, "history", "delivered")
+        )
+        notify = tuple(("N", k) for k in (*start, "text", "in-flight", *post, "history", "delivered"))
         workers = [interactive, notify, (("S", "silent"),)]
         self.rng.shuffle(workers)
         plan += workers
@@ -572,19 +648,27 @@ class ContinuationLifecycle(Workload):
     def run(self, state_dir: str, disk: Disk, journal: Journal) -> None:
         session = _Session(self, state_dir, disk, journal)
         anyio.run(session.main)
-        if session.duplicates:
+        lines = outbox_keys(state_dir) if self.outbox else []
+        if len(lines) != len(set(lines)):
+            raise WorkloadError(f"{self.name}: the outbox holds a delivery key twice: {sorted(lines)}")
+        if session.duplicates and not self.outbox:  # the outbox may retry a post that wrote nothing
             raise WorkloadError(f"{self.name}: delivery keys posted twice: {session.duplicates}")
 
     def expect(self, committed: Sequence[int]) -> dict[str, Any]:
         model = Model(local=self.local)
         for number in committed:
             model.apply(self.ops_by_number[number])
-        out: dict[str, Any] = {label: after_restart(v) for label, v in model.views.items()}
+        out: dict[str, Any] = {}
+        answered = set(model.answered)
+        for label, v in model.views.items():
+            held = (model.lines.get(label, 0), self.chunk_counts[label]) if self.outbox else None
+            out[label] = after_restart(v, held)
+            if held is not None and v.state != "delivered" and _state(out[label]) == "delivered":
+                answered.add(label)  # reconciled as delivered: recovery appends the answer
         out["activation"] = model.activation
         for party in PARTIES:
             if party.conversation is not None:
-                answered = party.label in model.answered
-                out[f"history:{party.label}"] = (f"{party.label}:answer",) if answered else ()
+                out[f"history:{party.label}"] = (f"{party.label}:answer",) if party.label in answered else ()
         return out
 
     def recover(self, state_dir: str, disk: Disk) -> dict[str, Any]:
@@ -594,7 +678,7 @@ class ContinuationLifecycle(Workload):
 
     async def _recover(self, state_dir: str, disk: Disk | None) -> Verdict:
         opened = await open_like_open_service(
-            state_dir, disk, synthesizer=FakeSynthesizer(local=self.local), channel=RecordingChannel()
+            state_dir, disk, synthesizer=FakeSynthesizer(local=self.local), channel=self.channel_for(state_dir, disk)
         )
         try:
             return await inspect(opened)
@@ -610,8 +694,17 @@ class ContinuationLifecycle(Workload):
         assert self._verdict is not None
         return self._verdict[1]
 
+    def channel_for(self, state_dir: str, disk: Disk | None) -> RecordingChannel | RecordingOutbox:
+        return RecordingOutbox(outbox_path(state_dir), disk) if self.outbox else RecordingChannel()
+
     def facts(self, state_dir: str) -> dict[str, str]:
         facts = dict(self._verdict_for(state_dir).facts)
+        if self.outbox:  # which lines the outbox holds: once durable, a line stays
+            held = set(outbox_keys(state_dir))
+            ids = ids_for(StateRoot(state_dir, create=False).read_file("secret", max_size=32))
+            for label, count in self.chunk_counts.items():
+                for i in range(count):
+                    facts[f"{label}.line{i}"] = "present" if f"{ids[label]}:{i}" in held else "absent"
         root = StateRoot(state_dir, create=False)
         facts["secret"] = _secret_fingerprint(root.read_file("secret", max_size=32))
         return facts
@@ -627,7 +720,7 @@ class ContinuationLifecycle(Workload):
         may never have seen the answer), the worker does everything it may. Nothing whose
         synthesis began or whose answer was posted may be synthesized or posted again, and
         every continuation must end terminal; a reopen must then change nothing."""
-        synth, channel = FakeSynthesizer(local=self.local), RecordingChannel()
+        synth, channel = FakeSynthesizer(local=self.local), self.channel_for(state_dir, None)
         problems: list[str] = []
         try:
             opened = await open_like_open_service(state_dir, None, synthesizer=synth, channel=channel)
@@ -662,6 +755,8 @@ class ContinuationLifecycle(Workload):
                     break
             may_synthesize = {"claimed", "result_received"}
             may_post = may_synthesize | {"ready_to_deliver"}
+            if self.outbox:  # a reconciled partial delivery posts the rest (the outbox skips the rest)
+                may_post |= {"delivery_retry"}
             for cid in synth.calls:
                 label = label_of.get(cid, cid)
                 was = observation.get(label)
@@ -675,6 +770,9 @@ class ContinuationLifecycle(Workload):
             keys = [p.delivery_key for p in channel.posts]
             if len(keys) != len(set(keys)):
                 problems.append(f"a delivery key was posted twice after recovery: {sorted(keys)}")
+            lines = outbox_keys(state_dir) if self.outbox else []
+            if len(lines) != len(set(lines)):
+                problems.append(f"the outbox holds a delivery key twice: {sorted(lines)}")
             settled: dict[str, str] = {}
             for rec in service.repo.live():
                 settled[label_of.get(rec.id, rec.id)] = rec.state
@@ -716,7 +814,13 @@ class _Session:
         self.claims: dict[str, ClaimResponse] = {}
         self.binding: RunBinding | None = None
         self.synth = FakeSynthesizer(self._synthesizing, local=workload.local)
-        self.channel = RecordingChannel(self._posted)
+        self.channel: RecordingChannel | RecordingOutbox = (
+            # Injected I/O errors are aimed at the store: the outbox's own error handling has
+            # its tests (tests/test_outbox_group_commit.py), so it writes past the faults.
+            RecordingOutbox(outbox_path(state_dir), _unfaulted(disk, journal), self._posted, self._durable)
+            if workload.outbox
+            else RecordingChannel(self._posted)
+        )
         self.duplicates: list[str] = []
         self.chain: list[Op] = []  # the worker step in progress: chain[0] is begun, not acked
         self.chain_label = ""
@@ -829,8 +933,7 @@ class _Session:
                 raise
             if self.chain:
                 refused = self.begun_poisoned and isinstance(exc, DiskFailedError | StoreClosedError)
-                self.journal.fail(self.chain[0].number, exc, refused=refused)
-                self._refuse(self.chain[1:])
+                self._refuse(self._fail_begun(exc, refused=refused))
         else:
             if self.chain and not self.journal.tolerant:
                 raise WorkloadError(f"worker step {label} stopped before {[o.kind for o in self.chain]}")
@@ -842,6 +945,21 @@ class _Session:
     def _begin(self, op: Op) -> None:
         self.begun_poisoned = self.poisoned()
         self.journal.begin(op.number)
+        if self._paired():
+            # With the outbox the answer and the in-flight mark may be one commit: both begin.
+            self.journal.begin(self.chain[1].number)
+
+    def _paired(self) -> bool:
+        """The outbox workload's answer op, followed by its in-flight op (begun together)."""
+        chain = self.chain
+        return self.w.outbox and len(chain) > 1 and chain[0].kind == "text" and chain[1].kind == "in-flight"
+
+    def _fail_begun(self, exc: BaseException | None, *, refused: bool) -> list[Op]:
+        """Fail the begun op (and the in-flight op begun with it); returns the ops never begun."""
+        begun = 2 if self._paired() else 1
+        for op in self.chain[:begun]:
+            self.journal.fail(op.number, exc, refused=refused)
+        return self.chain[begun:]
 
     def _refuse(self, ops: Sequence[Op]) -> None:
         for op in ops:
@@ -859,13 +977,12 @@ class _Session:
                 return
             # Under injected faults a step may be skipped (a history append that failed and was
             # swallowed): the begun op failed, the ones never begun did nothing.
-            first = self.chain[0]
-            self.journal.fail(first.number, None, refused=False)
+            begun = len(self.chain) - len(self._fail_begun(None, refused=False))
             if hit is None:
-                self._refuse(self.chain[1:])
+                self._refuse(self.chain[begun:])
                 self.chain = []
                 return
-            self._refuse(self.chain[1:hit])
+            self._refuse(self.chain[begun:hit])
             self.chain = self.chain[hit:]
             self._begin(self.chain[0])
         op = self.chain.pop(0)
@@ -901,7 +1018,14 @@ class _Session:
                 return new.state == "delivered" and new.completion_kind == "silent"
             return False
 
-        self._advance(matches, f"{new.state}{' in flight' if new.delivery_in_flight else ''}")
+        what = f"{new.state}{' in flight' if new.delivery_in_flight else ''}"
+        folded = old is not None and old.state == "result_received" and new.state == "ready_to_deliver"
+        if self._paired() and folded and new.delivery_in_flight:
+            # The answer and the in-flight mark in one commit (the outbox can reconcile).
+            self._advance(lambda op: op.kind == "text", what)
+            self._advance(lambda op: op.kind == "in-flight", what)
+            return
+        self._advance(matches, what)
 
     def _history(self, conversation_id: str) -> None:
         if self.chain and BY_LABEL[self.chain_label].conversation == conversation_id:
@@ -916,8 +1040,17 @@ class _Session:
         keys = [p.delivery_key for p in self.channel.posts]
         if keys.count(delivery.delivery_key) > 1:
             self.duplicates.append(delivery.delivery_key)
+        if self.w.outbox:
+            return  # what the outbox holds is declared once durable (_durable)
         cid = delivery.delivery_key.partition(":")[0]
         self.journal.fact(f"{self.label_of.get(cid, cid)}.posted", "never again")
+
+    def _durable(self, delivery: ChunkDelivery) -> None:
+        cid, _, index = delivery.delivery_key.partition(":")
+        label = self.label_of.get(cid, cid)
+        self.journal.fact(f"{label}.line{index}", "present")
+        if self.chain and self.chain_label == label:
+            self._advance(lambda op: op.kind == "post", f"line {index} durable")
 
 
 @register
@@ -930,3 +1063,17 @@ class LocalSynthesisLifecycle(ContinuationLifecycle):
     summary = "continuation lifecycle with a local (template-like) synthesizer: no synthesizing commit"
     default_ops = 18
     local = True
+
+
+@register
+class OutboxLifecycle(LocalSynthesisLifecycle):
+    """The local-synthesizer scenario delivering to the real outbox (``outbox.jsonl`` beside the
+    state directory, on the recorded disk): each answer and its in-flight mark are one commit,
+    every post is an operation acknowledged once its line is durable, and recovery settles an
+    interrupted delivery from the lines the outbox holds (reconciliation) instead of declaring
+    it unknown."""
+
+    name = "lifecycle-outbox"
+    summary = "continuation lifecycle with a local synthesizer and the outbox: answer + in flight in one commit"
+    default_ops = 21
+    outbox = True
