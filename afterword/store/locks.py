@@ -1,4 +1,4 @@
-"""Keyed locks: one anyio lock per key, taken in sorted order so batches never deadlock.
+"""Keyed locks: one lock per key, taken in sorted order so batches never deadlock.
 
 This is the package's only lock pool. A read-modify-write of one or more records holds the
 locks of their keys while it decides what to write, so two writers of the same record run one
@@ -6,22 +6,24 @@ after the other while writers of different records still share a group commit. A
 batch always in sorted key order is what makes overlapping batches safe: two tasks can never
 each hold a lock the other is waiting for.
 
-Entries are reference-counted and dropped when nobody holds or waits for them, so a pool keyed
-by ids that come and go (continuations, sessions) does not grow without bound.
+A key is held while it is in the pool's table; an uncontended hold is one dict entry and
+nothing else (no lock object, no generator, no checkpoint: every holder awaits a commit inside
+the block anyway). Only a task that finds its key held builds something: an event it waits
+on. A release hands the key straight to the first waiter (first come, first served), or drops
+the entry, so a pool keyed by ids that come and go (continuations, sessions) does not grow.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections import deque
+from collections.abc import Iterable
+from types import TracebackType
 from typing import Any
 
 import anyio
 
 __all__ = ["KeyLock", "KeyedLocks", "shared_locks"]
-
-SPARE_LOCKS = 64  # free locks a pool keeps for reuse
 
 
 class KeyedLocks:
@@ -31,45 +33,41 @@ class KeyedLocks:
     single-key form that also answers :meth:`KeyLock.locked`.
     """
 
-    __slots__ = ("__weakref__", "_locks", "_spare", "_users")
+    __slots__ = ("__weakref__", "_held")
 
     def __init__(self) -> None:
-        self._locks: dict[str, anyio.Lock] = {}
-        self._users: dict[str, int] = {}
-        # Locks of keys nobody uses any more, free and unowned, for the next key: building an
-        # anyio.Lock looks up the async backend each time (~2.5 us, several per continuation).
-        self._spare: list[anyio.Lock] = []
+        # key -> the tasks waiting for it, in arrival order (None while nobody waits).
+        self._held: dict[str, deque[anyio.Event] | None] = {}
 
-    @asynccontextmanager
-    async def hold(self, keys: Iterable[str]) -> AsyncIterator[None]:
+    def hold(self, keys: Iterable[str]) -> _Hold:
         """Hold the lock of every key in ``keys`` (duplicates allowed) for the block."""
-        ordered = sorted(set(keys))
-        for key in ordered:
-            self._users[key] = self._users.get(key, 0) + 1
-        acquired: list[anyio.Lock] = []
+        return _Hold(self, keys)
+
+    async def _acquire(self, key: str) -> None:
+        held = self._held
+        if key not in held:
+            held[key] = None
+            return
+        waiters = held[key]
+        if waiters is None:
+            waiters = held[key] = deque()
+        turn = anyio.Event()
+        waiters.append(turn)
         try:
-            for key in ordered:
-                lock = self._locks.get(key)
-                if lock is None:
-                    # An uncontended acquire need not yield to the loop: every holder awaits
-                    # a commit inside the block anyway, and the yield cost ~3% of serve's loop.
-                    spare = self._spare
-                    lock = self._locks[key] = spare.pop() if spare else anyio.Lock(fast_acquire=True)
-                await lock.acquire()
-                acquired.append(lock)
-            yield
-        finally:
-            for lock in reversed(acquired):
-                lock.release()
-            for key in ordered:
-                left = self._users[key] - 1
-                if left:
-                    self._users[key] = left
-                else:
-                    del self._users[key]
-                    lock = self._locks.pop(key)
-                    if len(self._spare) < SPARE_LOCKS and not lock.locked():
-                        self._spare.append(lock)
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():  # the key was handed over as we were cancelled: pass it on
+                self._release(key)
+            else:
+                waiters.remove(turn)
+            raise
+
+    def _release(self, key: str) -> None:
+        waiters = self._held[key]
+        if waiters:
+            waiters.popleft().set()  # the key stays held: it now belongs to that waiter
+        else:
+            del self._held[key]
 
     def lock(self, key: str) -> KeyLock:
         """The lock of one key, usable as ``async with`` and asked with ``locked()``."""
@@ -77,41 +75,77 @@ class KeyedLocks:
 
     def locked(self, key: str) -> bool:
         """Whether someone holds ``key`` now."""
-        lock = self._locks.get(key)
-        return lock is not None and lock.locked()
+        return key in self._held
 
     def __len__(self) -> int:
         """Keys held or waited for right now."""
-        return len(self._locks)
+        return len(self._held)
 
     def __repr__(self) -> str:
-        held = sum(1 for lock in self._locks.values() if lock.locked())
-        return f"<KeyedLocks keys={len(self._locks)} held={held}>"
+        waiting = sum(len(w) for w in self._held.values() if w)
+        return f"<KeyedLocks held={len(self._held)} waiting={waiting}>"
+
+
+class _Hold:
+    """One ``hold(keys)``: the keys are sorted and deduplicated once, when it is entered."""
+
+    __slots__ = ("_acquired", "_keys", "_pool")
+
+    def __init__(self, pool: KeyedLocks, keys: Iterable[str]) -> None:
+        self._pool = pool
+        self._keys = keys
+        self._acquired: list[str] | None = None
+
+    async def __aenter__(self) -> None:
+        if self._acquired is not None:
+            raise RuntimeError("a hold is entered once at a time; take a new one per use")
+        keys = self._keys
+        # One key (the usual case) needs neither the set nor the sort.
+        ordered = keys if isinstance(keys, (list, tuple)) and len(keys) == 1 else sorted(set(keys))
+        acquired: list[str] = []
+        pool = self._pool
+        try:
+            for key in ordered:
+                await pool._acquire(key)
+                acquired.append(key)
+        except BaseException:
+            for key in reversed(acquired):
+                pool._release(key)
+            raise
+        self._acquired = acquired
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        acquired, self._acquired = self._acquired, None
+        if acquired:
+            for key in reversed(acquired):
+                self._pool._release(key)
 
 
 class KeyLock:
     """One key of a :class:`KeyedLocks` pool (see :meth:`KeyedLocks.lock`)."""
 
-    __slots__ = ("_cm", "key", "pool")
+    __slots__ = ("_entered", "key", "pool")
 
     def __init__(self, pool: KeyedLocks, key: str) -> None:
         self.pool = pool
         self.key = key
-        self._cm: Any = None
+        self._entered = False
 
     def locked(self) -> bool:
         return self.pool.locked(self.key)
 
     async def __aenter__(self) -> None:
-        if self._cm is not None:
+        if self._entered:
             raise RuntimeError("a KeyLock is entered once at a time; take a new one per use")
-        cm = self.pool.hold((self.key,))
-        await cm.__aenter__()
-        self._cm = cm
+        await self.pool._acquire(self.key)
+        self._entered = True
 
     async def __aexit__(self, *exc: Any) -> None:
-        cm, self._cm = self._cm, None
-        await cm.__aexit__(*exc)
+        if self._entered:
+            self._entered = False
+            self.pool._release(self.key)
 
 
 _shared: weakref.WeakKeyDictionary[Any, dict[str, KeyedLocks]] = weakref.WeakKeyDictionary()
