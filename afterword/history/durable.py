@@ -19,6 +19,7 @@ import bisect
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 
 import anyio
 import blake3
@@ -285,9 +286,16 @@ class DurableHistory:
         # earlier in-flight append is not counted twice.
         # A later transaction may delete a message an earlier in-flight one writes: both apply
         # in lsn order, so the bound holds however many appends overlap.
-        live = [seq for seq in (*applied, *flight.seqs) if seq not in flight.deleting]
-        excess = len(live) + len(fresh) - self.max_messages
-        doomed = live[: max(excess, 0)]
+        # Counted without listing every retained seq (an append must not cost O(history)):
+        # the seqs being deleted are few, and the doomed ones are the oldest live ones.
+        deleting = flight.deleting
+        held_seqs = conv.by_seq if conv is not None else {}
+        dead = sum((seq in held_seqs) + (seq in flight.messages) for seq in deleting)
+        excess = len(applied) + len(flight.seqs) - dead + len(fresh) - self.max_messages
+        doomed = (
+            list(islice((seq for seq in chain(applied, flight.seqs) if seq not in deleting), excess))
+            if excess > 0 else []
+        )
         mutations.extend(Delete(message_key(digest, seq)) for seq in doomed)
         try:
             pending = self.store.reserve(mutations, expect={message_key(digest, next_seq): None})
