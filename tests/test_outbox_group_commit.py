@@ -163,3 +163,65 @@ async def test_a_cancelled_post_still_queued_is_never_written(tmp_path: Path) ->
         disk.release.set()
     await outbox.post(delivery("next:0"))
     assert keys_in(path) == ["first:0", "next:0"]
+
+
+class ThreadNotingDisk(OsDisk):
+    """Notes which thread ran each fdatasync; fails fdatasync number ``fail_at`` with EIO;
+    adds ``delay`` seconds to every fdatasync (a slow disk)."""
+
+    def __init__(self, *, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.threads: list[int] = []
+        self.fail_at = fail_at
+        self.delay = delay
+
+    def fdatasync(self, fd: int) -> None:
+        self.threads.append(threading.get_ident())
+        if self.delay:
+            threading.Event().wait(self.delay)
+        if len(self.threads) == self.fail_at:
+            raise OSError(errno.EIO, "Input/output error")
+        super().fdatasync(fd)
+
+
+@pytest.mark.anyio
+async def test_a_lone_post_is_written_on_the_loop_once_the_disk_is_known_fast(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    disk = ThreadNotingDisk()
+    outbox = OutboxChannel(str(path), disk=disk)
+    outbox.file.inline_max_s = 60.0  # any real disk is "fast" here: the test is about the path
+    for i in range(3):
+        await outbox.post(delivery(f"c{i}:0"))
+    loop_thread = threading.get_ident()
+    # The first write (it may create the file) measures the disk off the loop; then inline.
+    assert disk.threads[0] != loop_thread and disk.threads[1:] == [loop_thread, loop_thread]
+    assert (outbox.file.batches, outbox.file.inline_batches) == (3, 2)
+    assert keys_in(path) == ["c0:0", "c1:0", "c2:0"]
+
+
+@pytest.mark.anyio
+async def test_a_slow_disk_keeps_lone_posts_off_the_loop(tmp_path: Path) -> None:
+    disk = ThreadNotingDisk(delay=0.01)
+    outbox = OutboxChannel(str(tmp_path / "outbox.jsonl"), disk=disk)
+    outbox.file.inline_max_s = 0.001  # below the slow disk's 10 ms, whatever the machine
+    for i in range(3):
+        await outbox.post(delivery(f"c{i}:0"))
+    assert threading.get_ident() not in disk.threads and outbox.file.inline_batches == 0
+
+
+@pytest.mark.anyio
+async def test_a_failed_inline_fdatasync_fails_the_post_and_is_never_retried(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    disk = ThreadNotingDisk(fail_at=2)
+    outbox = OutboxChannel(str(path), disk=disk)
+    outbox.file.inline_max_s = 60.0
+    await outbox.post(delivery("first:0"))
+    with pytest.raises(UnconfirmedDeliveryError) as failed:
+        await outbox.post(delivery("a:0"))
+    assert failed.value.code == "outbox_unsynced"
+    assert disk.threads[1] == threading.get_ident() and outbox.file.inline_batches == 1
+    # The file is failed: neither the same key nor a new one is written or synced again.
+    for key in ("a:0", "b:0"):
+        with pytest.raises(RetryableDeliveryError):
+            await outbox.post(delivery(key))
+    assert len(disk.threads) == 2
+    assert keys_in(path)[0] == "first:0" and "b:0" not in keys_in(path)

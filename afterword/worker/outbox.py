@@ -8,6 +8,12 @@ good: an fdatasync is never retried, because after a failure the kernel may have
 dirty pages and a second fdatasync could report success for data that is gone. Every disk
 effect goes through the :class:`~afterword.disk.Disk` seam.
 
+A batch of one post (a lone producer) is written on the event loop itself, without the two
+thread hand-offs, while the running estimate of one write+fdatasync stays under
+``INLINE_MAX_S``: the loop then stalls for about that long at most, and a slow disk sends the
+writes back to a worker thread by itself. The estimate is first taken off the loop (the first
+write may create the file and sync its directory), and the same failure rules hold inline.
+
 The file also answers "does it hold this delivery key?", from an index of the keys it holds,
 kept current with appends made by anyone (two channel keys can share one file) and reset
 when the file is replaced (rotation).
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 import anyio
@@ -27,6 +34,8 @@ from ..disk import Disk
 from .errors import WorkerError
 
 _INDEX_READ = 1 << 20
+INLINE_MAX_S = 0.0005  # the longest write+fdatasync estimate a lone post is written inline at
+_EWMA = 0.2  # weight of the newest write time in the running estimate
 
 
 class OutboxNotWritten(WorkerError):
@@ -64,6 +73,9 @@ class OutboxFile:
         self._keys: set[str] = set()
         self._indexed: tuple[int, int, int] | None = None  # (st_dev, st_ino, bytes indexed)
         self.batches = 0  # write+fdatasync rounds, for tests and benchmarks
+        self.inline_batches = 0  # of which written on the event loop
+        self.inline_max_s = INLINE_MAX_S
+        self.recent_write_s: float | None = None  # running estimate, None until measured
 
     async def append(self, key: str, line: bytes) -> None:
         """Make ``line`` (one newline-terminated JSON line for ``key``) durable in the file, or
@@ -79,7 +91,8 @@ class OutboxFile:
                     # Let the appends already runnable in this loop tick join the batch.
                     await anyio.lowlevel.cancel_shielded_checkpoint()
                     batch, self._queue = self._queue, []
-                    await anyio.to_thread.run_sync(self._write_batch, batch)
+                    if not self._write_inline(batch):
+                        await anyio.to_thread.run_sync(self._write_batch, batch)
         except BaseException:
             if entry in self._queue:  # cancelled before any batch took it: never written
                 self._queue.remove(entry)
@@ -87,12 +100,30 @@ class OutboxFile:
         if entry.error is not None:
             raise entry.error
 
-    def _write_batch(self, batch: list[_Entry]) -> None:
-        """Write the batch's new lines with one pwrite and one fdatasync (in a worker thread).
-        Sets each entry's outcome; never raises."""
+    def _write_inline(self, batch: list[_Entry]) -> bool:
+        """Write a lone post's batch on the loop if the recent write time allows it and no
+        worker thread holds the file; False when the caller must use a thread instead."""
+        recent = self.recent_write_s
+        if len(batch) != 1 or recent is None or recent > self.inline_max_s:
+            return False
+        if not self._lock.acquire(blocking=False):  # present() is reading: never wait on the loop
+            return False
         try:
-            with self._lock:
+            self.inline_batches += 1
+            self._write_batch(batch, locked=True)
+        finally:
+            self._lock.release()
+        return True
+
+    def _write_batch(self, batch: list[_Entry], *, locked: bool = False) -> None:
+        """Write the batch's new lines with one pwrite and one fdatasync (in a worker thread,
+        or inline with the lock already held). Sets each entry's outcome; never raises."""
+        try:
+            if locked:
                 self._write_locked(batch)
+            else:
+                with self._lock:
+                    self._write_locked(batch)
         except Exception as exc:  # a bug must not strand the callers: fail them all, unproven
             for entry in batch:
                 if not entry.done and entry.error is None:
@@ -131,6 +162,7 @@ class OutboxFile:
             if not new:
                 return
             data = prefix + b"".join(e.line for e in new)
+            began = time.perf_counter()
             try:
                 disk.pwrite(fd, data, offset)
                 disk.fdatasync(fd)
@@ -143,6 +175,9 @@ class OutboxFile:
                 # Every append of those keys shares the outcome (a key posted twice at once too).
                 _fail_all((e for e in batch if e.key in keys), OutboxUnsynced(exc.strerror or type(exc).__name__))
                 return
+            elapsed = time.perf_counter() - began  # a failed sync needs no estimate: no more writes
+            recent = self.recent_write_s
+            self.recent_write_s = elapsed if recent is None else recent + _EWMA * (elapsed - recent)
             self.batches += 1
             self._keys.update(keys)
             if self._indexed == (st.st_dev, st.st_ino, offset):
