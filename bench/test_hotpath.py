@@ -81,7 +81,7 @@ def test_hmac_primitive(benchmark: BenchmarkFixture) -> None:
     benchmark(lambda: hmac.new(SECRET, b"result-token\0" + CLAIM.id.encode(), hashlib.sha256).digest())
 
 
-@pytest.mark.parametrize("way", ["new lock per key", "spare locks"])
+@pytest.mark.parametrize("way", ["new lock per key", "no lock object"])
 def test_keyed_locks_fresh_keys(benchmark: BenchmarkFixture, way: str) -> None:
     """1,000 holds of keys nobody holds (a transition each), as the worker takes continuations;
     the old way is the same plus the anyio.Lock that hold() used to build for every new key."""
