@@ -129,10 +129,18 @@ class Committer:
             elapsed = time.perf_counter() - began
             self.recent_write_s += _EWMA * (elapsed - self.recent_write_s)
 
+    def write_inline(self, items: Items) -> bool:
+        """Write ``items`` here, on the event loop, if this mode allows it for this batch now
+        (``adaptive``, a batch of one, a fast disk); return whether it did. No await: the
+        caller needs no cancel shield around it."""
+        if self.mode != "adaptive" or len(items) != 1 or self.recent_write_s > self.inline_max_s:
+            return False
+        self.inline_batches += 1
+        self._timed(items)  # on the loop: it stalls for about recent_write_s
+        return True
+
     async def write(self, items: Items) -> None:
-        if self.mode == "adaptive" and len(items) == 1 and self.recent_write_s <= self.inline_max_s:
-            self.inline_batches += 1
-            self._timed(items)  # on the loop: it stalls for about recent_write_s
+        if self.write_inline(items):
             return
         if self._writer is not None and _on_asyncio():
             await self._writer.run(items)

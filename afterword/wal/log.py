@@ -27,12 +27,26 @@ __all__ = ["FSYNC_BUCKETS", "WalOptions", "WalStatistics", "WriteAheadLog"]
 
 
 class _Batch:
-    __slots__ = ("done", "error", "event")
+    """One group write's waiters. The event is made only when a follower waits on it: a lone
+    committer leads its own batch and never needs one."""
+
+    __slots__ = ("_event", "done", "error")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        self._event: anyio.Event | None = None
         self.done = False
         self.error: BaseException | None = None
+
+    async def wait_done(self) -> None:
+        if self._event is None:
+            self._event = anyio.Event()
+        await self._event.wait()
+
+    def wake(self) -> None:
+        """Wake every follower waiting now; a later one waits on a fresh event."""
+        woken, self._event = self._event, None
+        if woken is not None:
+            woken.set()
 
 
 class WriteAheadLog(RecoveringLog):
@@ -116,7 +130,7 @@ class WriteAheadLog(RecoveringLog):
         while not batch.done:
             if self._leader:
                 # Woken when the batch is written, or when the leader leaves it behind.
-                await batch.event.wait()
+                await batch.wait_done()
                 continue
             await self._lead()
             if not batch.done:
@@ -141,8 +155,9 @@ class WriteAheadLog(RecoveringLog):
                     # Shielded: once items leave the queue their lsns are spent, so they must
                     # reach write_batch even if the leader is cancelled; dropping them would
                     # leave a hole that makes every later frame look like lost data.
-                    with anyio.CancelScope(shield=True):
-                        await self._committer.write(items)
+                    if not self._committer.write_inline(items):
+                        with anyio.CancelScope(shield=True):
+                            await self._committer.write(items)
                 except BaseException as exc:
                     current.error = exc
                     if isinstance(exc, StorageFullError) and self.root.failed is None:
@@ -150,19 +165,16 @@ class WriteAheadLog(RecoveringLog):
                     raise
                 finally:
                     current.done = True
-                    current.event.set()
+                    current.wake()
                 # No cancellation point here: a leader that stopped early could leave payloads
                 # queued with every follower cancelled too (a task-group shutdown), and a later
                 # write would then skip their lsns. A cancelled leader drains, then returns.
         finally:
             self._leader = False
             # Wake the waiters of the batch this leader did not take (after a failed write, or
-            # flush() on the empty open batch) so one of them leads. The batch gets a fresh
-            # event first: only a leader swaps events, so a follower that keeps waiting never
-            # waits on an event nobody will set.
-            stranded = self._open_batch
-            woken, stranded.event = stranded.event, anyio.Event()
-            woken.set()
+            # flush() on the empty open batch) so one of them leads. wake() drops the event:
+            # a follower that keeps waiting makes a fresh one, which the next leader sets.
+            self._open_batch.wake()
 
     def _void_from(self, first_lsn: int, exc: StorageFullError) -> None:
         """A batch was refused before anything was written: its lsns and those queued after
@@ -173,7 +185,7 @@ class WriteAheadLog(RecoveringLog):
         stranded, self._open_batch = self._open_batch, _Batch()
         stranded.error = exc
         stranded.done = True
-        stranded.event.set()
+        stranded.wake()
         if self.on_rollback is not None:
             self.on_rollback(first_lsn)
 

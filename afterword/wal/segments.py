@@ -127,12 +127,16 @@ class SegmentLog:
             offset += size
         return need
 
-    def _prepare_slots(self, items: Sequence[tuple[int, bytes]]) -> None:
+    def _prepare_slots(self, items: Sequence[tuple[int, bytes]]) -> int:
+        """Make sure the free slots can take every new segment life the batch starts; return
+        how many lives it starts (most batches: none, and then no slot is looked at)."""
         # Before the first byte of the batch is written: running out of space here leaves
         # the log exactly as it was, so the batch can be refused without poisoning the root.
-        need = self._slots_needed(items) - len(self._free_slots())
-        for _ in range(need):
-            self._create_slot()
+        lives = self._slots_needed(items)
+        if lives:  # the free-slot scan costs an fstat per slot: only when a life starts
+            for _ in range(lives - len(self._free_slots())):
+                self._create_slot()
+        return lives
 
     def write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
         """Write ``(lsn, payload)`` items as one durable batch (synchronous; the leader's job).
@@ -144,7 +148,7 @@ class SegmentLog:
         with self._write_lock:
             self.root.check_writable()
             try:
-                self._prepare_slots(items)
+                new_lives = self._prepare_slots(items)
             except StorageFullError:
                 raise  # nothing written (the root noted it)
             except Exception as exc:
@@ -152,7 +156,7 @@ class SegmentLog:
                 raise
             self._frames_written = False
             try:
-                self._write_batch(items)
+                self._write_batch(items, new_lives)
                 self.root.full = None
             except StorageFullError as exc:
                 if self._frames_written:
@@ -211,10 +215,10 @@ class SegmentLog:
             raise
         return lives
 
-    def _write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+    def _write_batch(self, items: Sequence[tuple[int, bytes]], new_lives: int) -> None:
         self.root.check_writable()
         batch_start = items[0][0]
-        lives = iter(self._start_lives(items))
+        lives = iter(self._start_lives(items) if new_lives else ())
         self._frames_written = True
         touched: list[_Segment] = []
         head: list[bytes] = []  # the segment header, when it is not durable yet
