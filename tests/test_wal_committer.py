@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from afterword.disk import DiskFailedError, DurabilityError, OsDisk, StateRoot
-from afterword.wal import WalOptions, WriteAheadLog
+from afterword.wal import WalOptions, WriteAheadLog, committer
 
 pytestmark = pytest.mark.anyio
 
@@ -85,6 +85,28 @@ async def test_adaptive_mode_leaves_the_loop_when_the_disk_is_slow(state_dir: st
     assert disk.threads[0] == threading.current_thread().name
     assert set(disk.threads[1:]) == {"afterword-wal-writer"}
     wal.close()
+
+
+async def test_adaptive_mode_backs_off_after_an_inline_write_overran_the_bound(
+    state_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One write over the bound leaves the running estimate (0.2 x 50 ms) still under it: the
+    # back-off alone keeps the next lone commits off the loop.
+    monkeypatch.setattr(committer, "INLINE_BACKOFF_S", 60.0)
+    disk = ThreadDisk(delay=0.05)
+    wal = _open(state_dir, disk, "adaptive", inline_max_s=0.02)
+    await wal.commit(b"overran")
+    disk.delay = 0.0
+    for i in range(3):
+        await wal.commit(b"fast %d" % i)
+    assert disk.threads[0] == threading.current_thread().name
+    assert set(disk.threads[1:]) == {"afterword-wal-writer"}
+    wal.close()
+    assert _frames(state_dir) == [b"overran", b"fast 0", b"fast 1", b"fast 2"]
+
+
+def test_adaptive_is_the_default_mode() -> None:
+    assert WalOptions().commit_mode == "adaptive"
 
 
 @pytest.mark.parametrize("mode", ["thread", "writer", "adaptive"])

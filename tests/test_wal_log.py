@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import struct
@@ -30,6 +31,9 @@ from afterword.wal.frame import (
 from afterword.wal.shadow import SHADOW_OVERHEAD
 
 BIG = WalOptions(segment_size=64 * 1024, max_payload=1024, max_log_bytes=1024 * 1024)
+# For tests that hold an fdatasync until the loop releases it: that write must run off the
+# event loop, so not inline (the default for a lone commit on a fast disk).
+HELD = dataclasses.replace(BIG, commit_mode="writer")
 SMALL = WalOptions(segment_size=4096, max_payload=1024, max_log_bytes=3 * 4096)
 _FRAME_HEAD = struct.Struct("<IIQQ")
 
@@ -202,7 +206,7 @@ async def test_commit_returns_only_after_an_fdatasync_covering_its_frame(state_d
 @pytest.mark.anyio
 async def test_cancelled_leader_does_not_strand_followers(state_dir: str) -> None:
     disk = RecordingDisk()
-    wal, _ = open_wal(state_dir, disk)
+    wal, _ = open_wal(state_dir, disk, options=HELD)
     disk.hold = threading.Event()
     followers: dict[int, int] = {}
     leader_scope = anyio.CancelScope()
@@ -239,7 +243,7 @@ async def test_group_cancelled_together_leaves_nothing_queued(state_dir: str) ->
     """A task-group shutdown cancels the leader and its followers at once: the leader still
     drains the queue, so a later synchronous append cannot skip the queued lsns."""
     disk = RecordingDisk()
-    wal, _ = open_wal(state_dir, disk)
+    wal, _ = open_wal(state_dir, disk, options=HELD)
     disk.hold = threading.Event()
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
@@ -260,7 +264,7 @@ async def test_group_cancelled_together_leaves_nothing_queued(state_dir: str) ->
 @pytest.mark.anyio
 async def test_append_sync_refuses_to_jump_ahead_of_queued_commits(state_dir: str) -> None:
     disk = RecordingDisk()
-    wal, _ = open_wal(state_dir, disk)
+    wal, _ = open_wal(state_dir, disk, options=HELD)
     disk.hold = threading.Event()
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
@@ -295,7 +299,7 @@ async def test_commit_of_an_already_cancelled_task_leaves_no_lsn_hole(state_dir:
 @pytest.mark.timeout(30)
 async def test_flush_waits_for_a_leader_in_flight_and_returns(state_dir: str) -> None:
     disk = RecordingDisk()
-    wal, _ = open_wal(state_dir, disk)
+    wal, _ = open_wal(state_dir, disk, options=HELD)
     await wal.flush()  # nothing queued: immediate
     disk.hold = threading.Event()
     flushed = anyio.Event()

@@ -34,6 +34,11 @@ Items = Sequence[tuple[int, bytes]]
 
 SPIN_SECONDS = 0.0002  # how long the writer looks for the next batch before it sleeps
 _EWMA = 0.2  # weight of the newest write time in the running estimate
+# After an inline write that overran the bound, no inline writing for this long (doubled on
+# each overrun in a row, up to the cap): slow fdatasyncs come in bursts, and the running
+# estimate alone comes back under the bound after a few fast writes, in the middle of one.
+INLINE_BACKOFF_S = 0.05
+INLINE_BACKOFF_MAX_S = 2.0
 
 
 class LogWriter:
@@ -119,6 +124,9 @@ class Committer:
         self.inline_max_s = inline_max_s
         self.recent_write_s = 0.0  # running estimate of one write+fdatasync, seconds
         self.inline_batches = 0
+        self.inline_overruns = 0  # inline writes that stalled the loop longer than the bound
+        self._inline_after = 0.0  # perf_counter time before which nothing is written inline
+        self._backoff_s = INLINE_BACKOFF_S
         self._writer = LogWriter(self._timed) if mode in ("writer", "adaptive") else None
 
     def _timed(self, items: Items) -> None:
@@ -135,8 +143,20 @@ class Committer:
         caller needs no cancel shield around it."""
         if self.mode != "adaptive" or len(items) != 1 or self.recent_write_s > self.inline_max_s:
             return False
+        began = time.perf_counter()
+        if began < self._inline_after:
+            return False
         self.inline_batches += 1
-        self._timed(items)  # on the loop: it stalls for about recent_write_s
+        try:
+            self._timed(items)  # on the loop: it stalls for about recent_write_s
+        finally:
+            ended = time.perf_counter()
+            if ended - began > self.inline_max_s:
+                self.inline_overruns += 1
+                self._inline_after = ended + self._backoff_s
+                self._backoff_s = min(2 * self._backoff_s, INLINE_BACKOFF_MAX_S)
+            else:
+                self._backoff_s = INLINE_BACKOFF_S
         return True
 
     async def write(self, items: Items) -> None:

@@ -28,11 +28,12 @@ class WalOptions:
     max_log_bytes: int = 64 * MiB
     zero_fill: bool = True
     unsafe_no_fsync: bool = False
-    # How the group-commit leader gets a batch written (``committer.py``): "thread" (the
-    # generic thread pool), "writer" (a dedicated log-writer thread) or "adaptive" (the
-    # writer, plus inline writing of a lone commit while write+fdatasync stays under
-    # ``inline_commit_max_s``, which bounds the event loop's stall).
-    commit_mode: str = "writer"
+    # How the group-commit leader gets a batch written (``committer.py``): "adaptive" (a
+    # dedicated log-writer thread, plus inline writing of a lone commit while write+fdatasync
+    # stays under ``inline_commit_max_s``, which bounds the event loop's usual stall; an
+    # overrun turns inline writing off for a while), "writer" (the thread only) or "thread"
+    # (the generic thread pool).
+    commit_mode: str = "adaptive"
     inline_commit_max_s: float = 0.0005
 
     def __post_init__(self) -> None:
