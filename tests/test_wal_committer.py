@@ -66,24 +66,47 @@ async def test_writer_mode_writes_in_its_own_thread_and_groups_commits(state_dir
     assert sorted(_frames(state_dir)[1:]) == sorted(b"p%d" % i for i in range(20))
 
 
+WRITER = "afterword-wal-writer"
+
+
 async def test_adaptive_mode_writes_a_lone_commit_inline_while_the_disk_is_fast(state_dir: str) -> None:
     disk = ThreadDisk()
     wal = _open(state_dir, disk, "adaptive", inline_max_s=1.0)  # any real disk is under 1 s
-    for i in range(5):
+    for i in range(6):
         await wal.commit(b"lone %d" % i)
-    assert disk.threads == [threading.current_thread().name] * 5  # on the event loop's thread
+    # The first write starts the log's first segment life: that one is never inline.
+    assert disk.threads == [WRITER] + [threading.current_thread().name] * 5
     wal.close()
-    assert _frames(state_dir) == [b"lone %d" % i for i in range(5)]
+    assert _frames(state_dir) == [b"lone %d" % i for i in range(6)]
+
+
+async def test_adaptive_mode_never_starts_a_segment_life_on_the_loop(state_dir: str) -> None:
+    disk = ThreadDisk()
+    options = WalOptions(
+        segment_size=4096, max_payload=1024, zero_fill=False, commit_mode="adaptive", inline_commit_max_s=1.0
+    )
+    wal, _ = WriteAheadLog.open(StateRoot(state_dir, disk), start_seq=1, checkpoint_lsn=0, options=options)
+    started = []
+    for i in range(12):
+        before = len(wal.live_segments(1))
+        await wal.commit(bytes([i]) * 700)
+        started.append(len(wal.live_segments(1)) > before)
+    assert sum(started) > 2  # the small segments filled up several times
+    loop = threading.current_thread().name
+    assert disk.threads == [WRITER if new_life else loop for new_life in started]
+    wal.close()
 
 
 async def test_adaptive_mode_leaves_the_loop_when_the_disk_is_slow(state_dir: str) -> None:
-    disk = ThreadDisk(delay=0.005)
-    wal = _open(state_dir, disk, "adaptive", inline_max_s=0.001)
+    disk = ThreadDisk()
+    wal = _open(state_dir, disk, "adaptive", inline_max_s=0.01)
+    await wal.commit(b"first")  # starts the segment life, in the writer
+    disk.delay = 0.06
     for i in range(4):
         await wal.commit(b"slow %d" % i)
-    # The first write ran inline and showed the disk slower than the bound: no more stalls.
-    assert disk.threads[0] == threading.current_thread().name
-    assert set(disk.threads[1:]) == {"afterword-wal-writer"}
+    # The first lone write ran inline and showed the disk slower than the bound: no more stalls.
+    assert disk.threads[1] == threading.current_thread().name
+    assert set(disk.threads[2:]) == {WRITER}
     wal.close()
 
 
@@ -93,16 +116,19 @@ async def test_adaptive_mode_backs_off_after_an_inline_write_overran_the_bound(
     # One write over the bound leaves the running estimate (0.2 x 50 ms) still under it: the
     # back-off alone keeps the next lone commits off the loop.
     monkeypatch.setattr(committer, "INLINE_BACKOFF_S", 60.0)
-    disk = ThreadDisk(delay=0.05)
+    disk = ThreadDisk()
     wal = _open(state_dir, disk, "adaptive", inline_max_s=0.02)
+    await wal.commit(b"first")  # starts the segment life, in the writer
+    disk.delay = 0.05
     await wal.commit(b"overran")
     disk.delay = 0.0
     for i in range(3):
         await wal.commit(b"fast %d" % i)
-    assert disk.threads[0] == threading.current_thread().name
-    assert set(disk.threads[1:]) == {"afterword-wal-writer"}
+    assert disk.threads[1] == threading.current_thread().name
+    assert set(disk.threads[2:]) == {WRITER}
+    assert wal.stats.commits == 5
     wal.close()
-    assert _frames(state_dir) == [b"overran", b"fast 0", b"fast 1", b"fast 2"]
+    assert _frames(state_dir) == [b"first", b"overran", b"fast 0", b"fast 1", b"fast 2"]
 
 
 def test_adaptive_is_the_default_mode() -> None:

@@ -10,10 +10,11 @@ Three ways, chosen by ``WalOptions.commit_mode`` (``docs/performance.md`` has th
     sets an event only if the writer sleeps; the writer spins briefly for the next batch
     before it sleeps, and hands the result back with one ``call_soon_threadsafe``.
 ``adaptive``
-    ``writer``, except that a batch of one transaction is written inline, on the event loop
-    itself, while the recent ``write+fdatasync`` time stays under
-    ``inline_commit_max_s``: then the loop stalls for less than that bound, and the
-    committer saves both hand-offs. A slow disk turns inline writing off by itself.
+    ``writer``, except that a batch of one transaction that fits the tail segment is
+    written inline, on the event loop itself, while the recent ``write+fdatasync`` time
+    stays under ``inline_commit_max_s``: then the loop usually stalls for less than that
+    bound, and the committer saves both hand-offs. A slow disk turns inline writing off by
+    itself; an inline write that overran the bound turns it off for a back-off time too.
 
 Whichever way, ``write_batch`` runs exactly once per batch and its error reaches the
 waiters; a failed fdatasync is never retried (the root is poisoned by ``write_batch``).
@@ -118,8 +119,15 @@ def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
 class Committer:
     """Runs the leader's ``write(items)`` in the configured way (see the module doc)."""
 
-    def __init__(self, write: Callable[[Items], None], mode: str, inline_max_s: float) -> None:
+    def __init__(
+        self,
+        write: Callable[[Items], None],
+        mode: str,
+        inline_max_s: float,
+        fits_tail: Callable[[Items], bool] = lambda items: True,
+    ) -> None:
         self._write = write
+        self._fits_tail = fits_tail
         self.mode = mode
         self.inline_max_s = inline_max_s
         self.recent_write_s = 0.0  # running estimate of one write+fdatasync, seconds
@@ -144,7 +152,9 @@ class Committer:
         if self.mode != "adaptive" or len(items) != 1 or self.recent_write_s > self.inline_max_s:
             return False
         began = time.perf_counter()
-        if began < self._inline_after:
+        if began < self._inline_after or not self._fits_tail(items):
+            # A batch that starts a segment life may create a slot (a zero fill of the whole
+            # segment) and write the MANIFEST: far over the bound, so never on the loop.
             return False
         self.inline_batches += 1
         try:

@@ -60,7 +60,9 @@ class WriteAheadLog(RecoveringLog):
         # Called (in the event loop) when a group write ran out of space before writing
         # anything: every lsn from the argument on is void and will be assigned again.
         self.on_rollback: Callable[[int], None] | None = None
-        self._committer = Committer(self.write_batch, options.commit_mode, options.inline_commit_max_s)
+        self._committer = Committer(
+            self.write_batch, options.commit_mode, options.inline_commit_max_s, self.fits_tail
+        )
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod

@@ -127,6 +127,11 @@ class SegmentLog:
             offset += size
         return need
 
+    def fits_tail(self, items: Sequence[tuple[int, bytes]]) -> bool:
+        """Whether ``items`` go into the current tail segment: no new segment life, so no
+        slot to create (a zero fill) and no MANIFEST to write for one."""
+        return self._slots_needed(items) == 0
+
     def _prepare_slots(self, items: Sequence[tuple[int, bytes]]) -> int:
         """Make sure the free slots can take every new segment life the batch starts; return
         how many lives it starts (most batches: none, and then no slot is looked at)."""
