@@ -11,6 +11,7 @@ host's appends, their fsyncs and the delivery.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
@@ -24,7 +25,7 @@ import pytest
 
 from afterword.disk import NoSyncDisk
 from afterword.history import DurableHistory, Message, open_tool_calls
-from afterword.store import RecordStore
+from afterword.store import RecordStore, StoreOptions
 from afterword.tasks import NOTIFICATION_KIND, TaskJournal, TaskNotifications, core
 from tests._disk_helpers import SMALL
 
@@ -51,8 +52,10 @@ class JitteryDisk(NoSyncDisk):
 
 
 @asynccontextmanager
-async def opened(state_dir: str, disk: NoSyncDisk) -> AsyncIterator[tuple[TaskJournal, DurableHistory]]:
-    store = RecordStore.open(state_dir, disk=disk, options=SMALL)
+async def opened(
+    state_dir: str, disk: NoSyncDisk, options: StoreOptions = SMALL
+) -> AsyncIterator[tuple[TaskJournal, DurableHistory]]:
+    store = RecordStore.open(state_dir, disk=disk, options=options)
     try:
         yield TaskJournal(store), DurableHistory(store)
     finally:
@@ -160,8 +163,12 @@ async def test_boundary_counts_a_reserved_but_not_durable_tool_call(state_dir: s
         def fsync(self, fd: int) -> None:
             gate.wait(10)
 
+    # The held flush must run on the log-writer thread: written inline (the default for a lone
+    # commit on a fast disk) it would block the event loop until the gate's timeout, and the
+    # boundary would be read only after the call was already durable.
+    held_off_loop = StoreOptions(wal=dataclasses.replace(SMALL.wal, commit_mode="writer"))
     gate.set()
-    async with opened(state_dir, HeldDisk()) as (journal, history):
+    async with opened(state_dir, HeldDisk(), held_off_loop) as (journal, history):
         notes = TaskNotifications(journal, history)
         await history.append("s", [Message(id="a1", role="assistant", content="", tool_calls=("call-1",))])
         await ended_and_committed(journal, "s", "task_x", "r1")
