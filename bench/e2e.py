@@ -492,25 +492,26 @@ def report(figures: list[Figure], rss: RssFigure | None = None) -> None:
         )
 
 
+def figure_json(f: Figure) -> dict[str, Any]:
+    """One measured scenario as JSON: its rate, latency percentiles and CPU per continuation."""
+    lat = f.latencies_ms
+    return {
+        "scenario": f.scenario,
+        "producers": f.producers,
+        "n": f.n,
+        "seconds": f.seconds,
+        "rate": f.rate,
+        "p50_ms": percentile(lat, 50) if lat else None,
+        "p99_ms": percentile(lat, 99) if lat else None,
+        "cpu_seconds": f.cpu_seconds,
+        "cpu_ms_per_continuation": f.cpu_ms,
+    }
+
+
 def to_json(
     figures: list[Figure], rss: RssFigure | None, errors: dict[str, str], load: list[float]
 ) -> dict[str, Any]:
-    rows = []
-    for f in figures:
-        lat = f.latencies_ms
-        rows.append(
-            {
-                "scenario": f.scenario,
-                "producers": f.producers,
-                "n": f.n,
-                "seconds": f.seconds,
-                "rate": f.rate,
-                "p50_ms": percentile(lat, 50) if lat else None,
-                "p99_ms": percentile(lat, 99) if lat else None,
-                "cpu_seconds": f.cpu_seconds,
-                "cpu_ms_per_continuation": f.cpu_ms,
-            }
-        )
+    rows = [figure_json(f) for f in figures]
     return {
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load, "loadavg_after": list(os.getloadavg())},
         "max_concurrent": MAX_CONCURRENT,

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from . import compare, e2e
-from .common import REPO, median, output_path, percentile, scratch_base, scratch_dir
+from .common import REPO, median, output_path, scratch_base, scratch_dir
 
 PRODUCERS = (1, 32)
 DBOS_INFLIGHT = 64
@@ -141,31 +141,17 @@ async def e2e_figures(profile: Profile, base: str) -> dict[str, Any]:
                     pair.append(await e2e.bench_detached(base, producers, profile.e2e_n))
             bare = next(f for f in pair if f.scenario.startswith("bare"))
             det = next(f for f in pair if f.scenario.startswith("detached"))
-            runs.append({"rep": rep, "producers": producers, "bare": _fig(bare), "detached": _fig(det)})
+            runs.append({"rep": rep, "producers": producers, "bare": e2e.figure_json(bare), "detached": e2e.figure_json(det)})
             say(f"e2e {rep + 1}/{profile.e2e_reps}, {producers} producer(s): {det.rate:.0f} vs {bare.rate:.0f}/s")
     out: dict[str, Any] = {"runs": runs, "errors": {}}
     try:
         dbos = await e2e.bench_dbos(base, profile.dbos_n, DBOS_INFLIGHT)
-        out["dbos"] = _fig(dbos)
+        out["dbos"] = e2e.figure_json(dbos)
     except Exception as exc:  # the peer is optional (the bench extra): say why it did not run
         out["errors"]["dbos"] = str(exc)
         out["dbos"] = None
     out["rss"] = vars(await e2e.bench_rss(base, profile.rss_active, profile.rss_tombstones))
     return out
-
-
-def _fig(f: e2e.Figure) -> dict[str, Any]:
-    lat = f.latencies_ms
-    return {
-        "scenario": f.scenario,
-        "producers": f.producers,
-        "n": f.n,
-        "seconds": f.seconds,
-        "rate": f.rate,
-        "p50_ms": percentile(lat, 50) if lat else None,
-        "p99_ms": percentile(lat, 99) if lat else None,
-        "cpu_ms_per_continuation": f.cpu_ms,
-    }
 
 
 def e2e_summary(data: dict[str, Any]) -> dict[int, dict[str, float | None]]:
