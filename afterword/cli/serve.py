@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -10,7 +11,7 @@ import anyio
 import msgspec
 
 from ..app.runtime import open_service
-from ..config import Config, OutboxChannelConfig, missing_detached_tokens
+from ..config import Config, OutboxChannelConfig, SlackChannelConfig, missing_detached_tokens
 from ..http.server import ServeError
 from ..worker.channels import OutboxChannel
 from .statelog import StateChangeLog
@@ -87,6 +88,12 @@ async def _serve(config: Config, outbox: str | None, changes: StateChangeLog) ->
                     "holds its bearer (>= 16 printable characters) in this process's environment; "
                     "see docs/configuration.md#detached-services\n"
                 )
+            for key, channel in config.channels.items():
+                if isinstance(channel, SlackChannelConfig) and not os.environ.get(channel.token_env):
+                    sys.stderr.write(
+                        f"afterword: slack channel {key!r} cannot post until {channel.token_env} holds its "
+                        "token; each post to it is dead-lettered (token_missing) without being sent\n"
+                    )
             sys.stderr.flush()
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
