@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime
 
 import msgspec
 
+from ..protocol.jcs import NotCanonical, canonical_json
 from .errors import InvalidRequest, RequestTooLarge
 
 MAX_DEADLINE_MS = 30 * 24 * 3600 * 1000
@@ -81,35 +82,63 @@ def check_task_hash(value: str) -> None:
 
 
 def payload_hash(payload: object) -> str:
-    """Lowercase hex sha256 of the payload as compact JSON with sorted keys.
+    """Lowercase hex sha256 of the payload's RFC 8785 canonical JSON, taken of the value as it
+    goes on the wire (structs, dates and bytes as msgspec encodes them).
 
-    The one definition of ``payloadHash`` (docs/design.md, Contracts: HTTP): the service checks
-    results with it and the producer helper computes it for tool servers.
+    The one definition of ``payloadHash`` (docs/payload-hash.md): the producer helper
+    computes it, and the service keeps the canonical bytes it covers.
+
+    Raises:
+        NotCanonical: the payload has no canonical form (NaN or an infinity, an integer no
+            IEEE double holds as written, a lone surrogate); a ``ValueError``.
     """
-    return canonical_hash(canonical_payload(payload))
+    return canonical_hash(canonical_json(msgspec.to_builtins(payload, str_keys=True)))
 
 
-def canonical_payload(payload: object) -> bytes:
-    """The payload as compact JSON with sorted keys: the bytes ``payloadHash`` covers."""
+def sorted_json(payload: object) -> bytes:
+    """The payload as msgspec's compact JSON with sorted keys: the form ``payloadHash``
+    covered before RFC 8785 was pinned, still accepted from producers that send it."""
     return _json_sorted.encode(payload)
 
 
 def canonical_hash(canonical: bytes) -> str:
-    """``payloadHash`` of payload bytes already in canonical form (see :func:`canonical_payload`)."""
+    """sha256 of payload bytes already serialized (either accepted form), as lowercase hex."""
     return hashlib.sha256(canonical).hexdigest()
 
 
+def payload_hashes(payload: object) -> frozenset[str]:
+    """Every ``payloadHash`` the service accepts for ``payload``: RFC 8785 and the older
+    sorted form. Both are fixed functions of the same decoded value, so either proves the
+    producer hashed exactly this payload."""
+    hashes = {canonical_hash(sorted_json(payload))}
+    try:
+        hashes.add(payload_hash(payload))
+    except NotCanonical:
+        pass
+    return frozenset(hashes)
+
+
 def check_result(idempotency_key: str, claimed_hash: str, payload: object, body_len: int) -> bytes:
-    """Validate a result submission; return the canonical payload bytes."""
+    """Validate a result submission; return the payload bytes to keep: the form whose sha256
+    is ``claimed_hash`` (RFC 8785, or the older sorted form a producer may still send)."""
     if body_len > MAX_RESULT_BODY:
         raise RequestTooLarge(f"result body exceeds {MAX_RESULT_BODY} bytes")
     check_task_key(idempotency_key, "idempotencyKey")
     if not isinstance(claimed_hash, str) or not _HASH_RE.fullmatch(claimed_hash):
         raise InvalidRequest("payloadHash must be 64 lowercase hex characters")
-    canonical = canonical_payload(payload)
-    if canonical_hash(canonical) != claimed_hash:
-        raise InvalidRequest("payloadHash does not match the payload (sha256 of sorted compact JSON)")
-    return canonical
+    problem = ""
+    try:
+        canonical = canonical_json(payload)
+        if canonical_hash(canonical) == claimed_hash:
+            return canonical
+    except NotCanonical as exc:
+        problem = f"; the payload has no RFC 8785 form: {exc}"
+    legacy = sorted_json(payload)
+    if canonical_hash(legacy) == claimed_hash:
+        return legacy
+    raise InvalidRequest(
+        f"payloadHash does not match the payload (sha256 of its RFC 8785 canonical JSON){problem}"
+    )
 
 
 def is_actionable(payload: object) -> bool:
