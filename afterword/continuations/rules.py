@@ -17,6 +17,15 @@ MAX_CLAIM_BODY = 16 * 1024
 # fullmatch, not match with "$": "$" also matches before a trailing newline.
 _TASK_KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
+# Host API strings: free text without control characters (C0, DEL or C1: nothing that ends
+# a log line or drives a terminal), bounded like a taskKey (run id) or as the config bounds a
+# conversation id. A run id also names its run in one URL path segment, so it has no '/'.
+MAX_RUN_ID = 256
+MAX_ROUTE_ID = 1024
+RUN_ID_PATTERN = "[^\\x00-\\x1f\\x7f-\\x9f/]"
+ROUTE_ID_PATTERN = "[^\\x00-\\x1f\\x7f-\\x9f]"
+_RUN_ID_RE = re.compile(f"{RUN_ID_PATTERN}{{1,{MAX_RUN_ID}}}")
+_ROUTE_ID_RE = re.compile(f"{ROUTE_ID_PATTERN}{{1,{MAX_ROUTE_ID}}}")
 # RFC 3339 date-time in UTC. datetime.fromisoformat alone also takes ISO 8601 forms RFC 3339
 # does not allow (basic format, week dates, missing seconds, comma fractions).
 _RFC3339_UTC = re.compile(
@@ -75,6 +84,17 @@ def format_ms(ms: int) -> str:
 def check_task_key(value: str, field: str = "taskKey") -> None:
     if not isinstance(value, str) or not _TASK_KEY_RE.fullmatch(value):
         raise InvalidRequest(f"{field} must be 1-256 printable ASCII characters without spaces")
+
+
+def check_host_run(run_id: str, conversation_id: str, reply_to: str | None) -> None:
+    """The strings a host names a run with (``POST /v1/host/runs``)."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id) or run_id in (".", ".."):
+        raise InvalidRequest(
+            f"runId must be 1-{MAX_RUN_ID} characters without '/' or control characters, and not '.' or '..'"
+        )
+    for field, value in (("conversationId", conversation_id), ("replyTo", reply_to)):
+        if value is not None and (not isinstance(value, str) or not _ROUTE_ID_RE.fullmatch(value)):
+            raise InvalidRequest(f"{field} must be 1-{MAX_ROUTE_ID} characters without control characters")
 
 
 def check_task_hash(value: str) -> None:
