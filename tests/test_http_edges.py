@@ -6,7 +6,6 @@ unsafe answered with the documented ``503 disk_failed``, as every later one."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -102,13 +101,20 @@ async def test_an_absolute_form_request_target_is_refused(tmp_path: Path, door: 
 
 
 # -- the first request after the state became unsafe ------------------------------------------
-async def test_the_first_request_after_the_state_directory_moved_is_503_disk_failed(
-    tmp_path: Path, door: str
+@pytest.mark.parametrize("damage", ["state_dir_moved", "live_segment_deleted"])
+async def test_the_first_request_after_the_state_became_unsafe_is_503_disk_failed(
+    tmp_path: Path, door: str, damage: str
 ) -> None:
     async with served(tmp_path) as h:
         claim = await h.claimed(h.bind()[1])
-        state = h.config.state_dir
-        os.rename(state, state + ".moved")
+        state = Path(h.config.state_dir)
+        if damage == "state_dir_moved":
+            state.rename(f"{state}.moved")
+        else:
+            segments = list((state / "wal").glob("*.seg"))
+            assert segments
+            for segment in segments:
+                segment.unlink()
         try:
             codes = []
             for key in ("r-1", "r-2"):  # the result route is one the fast path answers
@@ -118,5 +124,6 @@ async def test_the_first_request_after_the_state_directory_moved_is_503_disk_fai
             resp = await h.client.post(cancel, headers=auth(h.host_token))  # a route only Quart has
             codes.append((resp.status_code, resp.json()["error"]["code"]))
         finally:
-            os.rename(state + ".moved", state)
+            if damage == "state_dir_moved":
+                Path(f"{state}.moved").rename(state)
     assert codes == [(503, "disk_failed")] * 3
