@@ -15,6 +15,7 @@ from fakes.harness import make_config, running
 from fakes.producer import reply_run, wait_state
 from test_worker_delivery import ENV, HOOK, SLACK_TOKEN, hook_block
 
+from afterword.cli.serve import missing_credentials
 from afterword.config import ConfigError, config_from_mapping
 from afterword.worker import ChunkDelivery, SlackChannel, WebhookChannel
 from afterword.worker.errors import PermanentDeliveryError, UnconfirmedDeliveryError
@@ -158,6 +159,17 @@ def test_a_slack_token_that_cannot_be_sent_is_refused_at_load_without_showing_it
     assert info.value.path == "continuations.channels.slack.tokenEnv"
     assert "MY_SLACK_TOKEN" in str(info.value) and token.strip() not in str(info.value)
     _channels({"slack": slack}, {"MY_SLACK_TOKEN": "xoxb-fine"})  # a sendable one loads
+
+
+def test_serve_names_an_unset_slack_token_variable_at_start() -> None:
+    slack = {"adapter": "slack", "baseUrl": "http://127.0.0.1:9", "tokenEnv": "MY_SLACK_TOKEN"}
+    config = config_from_mapping({"continuations": {"channels": {"slack": slack}}}, "/tmp", environ={})
+    notes = missing_credentials(config, {})
+    assert notes == [
+        "slack channel 'slack' cannot post until MY_SLACK_TOKEN holds its token; "
+        "each post to it is dead-lettered (token_missing) without being sent"
+    ]
+    assert missing_credentials(config, {"MY_SLACK_TOKEN": "xoxb-set"}) == []
 
 
 async def test_an_unsendable_request_is_nothing_posted_not_an_unknown_outcome() -> None:
