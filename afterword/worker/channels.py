@@ -155,7 +155,7 @@ def _request(
     """
     for name, value in headers.items():
         if not (sendable_header_name(name) and sendable_header_value(value)):
-            # Neither the name's value nor the value itself in the message: it may be a secret.
+            # The value stays out of the message: it may be a credential.
             raise PermanentDeliveryError(
                 "unsendable_request", f"header {name!r} cannot be sent; nothing was posted"
             )
