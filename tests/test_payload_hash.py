@@ -15,6 +15,7 @@ import math
 import random
 import struct
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +265,32 @@ def test_node_number_tostring_is_the_reference_for_the_layout(node: str) -> None
         msgspec.json.encode(numbers).decode(),
     )
     assert seen == [canonical_json(v).decode() for v in numbers]
+
+
+@pytest.mark.anyio
+async def test_a_large_payload_is_canonicalized_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from afterword.app import results
+
+    threads: list[str] = []
+
+    def recording(*args: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        return check_result(*args)
+
+    monkeypatch.setattr(results, "check_result", recording)
+    config, env = make_config(tmp_path)
+    async with running(config, env, run_worker=False) as h:
+        for run, size in (("run-small", 10), ("run-large", results.CANONICAL_ON_THREAD_FROM)):
+            binding = h.service.begin_run(run, "local:c", "local:c", "reply")
+            claimed = await h.producer.claim(binding, "task-" + run)
+            await settle(binding)
+            payload = {"summary": "x" * size, "scores": [0.1 * i for i in range(size // 64)]}
+            body = {"idempotencyKey": "r-1", "payloadHash": payload_hash(payload), "payload": payload}
+            r = await h.producer.client.put(
+                claimed.result_url, headers={"Authorization": f"Bearer {claimed.token}"}, json=body
+            )
+            assert r.status_code == 200, r.text
+    loop_thread = threading.main_thread().name
+    assert threads[0] == loop_thread and threads[1] != loop_thread

@@ -22,6 +22,10 @@ log = logging.getLogger("afterword.service")
 
 PAYLOADS_DIR = "payloads"
 PAYLOAD_QUOTA = 1 << 50  # no quota of its own: bounded by the records that reference them
+# RFC 8785 text is built in Python: some microseconds for a small payload, tens of
+# milliseconds near the 256 KiB limit. A large one is built on a worker thread, so the event
+# loop keeps serving other requests meanwhile.
+CANONICAL_ON_THREAD_FROM = 32 * 1024
 
 
 def open_payload_store(store: RecordStore) -> BlobStore:
@@ -51,7 +55,11 @@ class Results:
 
     async def submit_result(self, cid: str, token: str, req: ResultRequest, body_len: int) -> StatusBody:
         self.keys.check_result_token(cid, token)
-        canonical = check_result(req.idempotency_key, req.payload_hash, req.payload, body_len)
+        args = (req.idempotency_key, req.payload_hash, req.payload, body_len)
+        if body_len > CANONICAL_ON_THREAD_FROM:
+            canonical = await anyio.to_thread.run_sync(check_result, *args)
+        else:
+            canonical = check_result(*args)
         async with self.ledger.locked([cid]):
             rec = self.repo.get(cid)
             if rec is None:
