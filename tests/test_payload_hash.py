@@ -237,6 +237,8 @@ def test_python_and_the_typescript_client_agree(node: str) -> None:  # noqa: F81
         {s: s for s in STRINGS},
         [{"\U0001f600": 1, "\ufb33": 2, "\u00e9": 3, "e": 4, "": 5}],
         {"nested": {"b": [1, {"y": None, "x": False}], "a": "\u0000"}},
+        # Integers a double holds exactly: Node reads them as those doubles, Python keeps ints.
+        [2**53, -(2**53), 1152921504606847000, 10**21, 123e18, 0, -1],
         numbers,
     ]
     script = (
