@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The detached producer protocol end to end with curl: claim a named route, submit one result,
-# follow the status until the answer is delivered. Needs curl and python3 (for JSON and sha256).
+# follow the status until the answer is delivered. Needs curl, python3 (for JSON and dates) and
+# the `afterword` command (for the payload hash).
 #
 #   export WORK_CONTROL_CONTINUATION_TOKEN="$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
 #   afterword serve --config examples/afterword.json &      # same token in its environment
@@ -51,10 +52,10 @@ RESULT_URL="$(field resultUrl <<<"$CLAIM")"
 STATUS_URL="$(field statusUrl <<<"$CLAIM")"
 RESULT_TOKEN="$(field resultToken <<<"$CLAIM")"
 
-# 2. Submit the result. payloadHash is the sha256 of the payload as compact JSON with sorted
-#    keys (and UTF-8 as is), the full 64 hex digits.
-PAYLOAD='{"summary":"3 invoices need approval","actionable":true}'
-PAYLOAD_HASH="$(printf '%s' "$PAYLOAD" | python3 -c 'import hashlib, json, sys; print(hashlib.sha256(json.dumps(json.load(sys.stdin), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest())')"
+# 2. Submit the result. payloadHash is the sha256 of the payload's RFC 8785 canonical JSON
+#    (JSON Canonicalization Scheme), the full 64 hex digits; `afterword payload-hash` prints it.
+PAYLOAD='{"summary":"3 invoices need approval","actionable":true,"share":1e-7}'
+PAYLOAD_HASH="$(printf '%s' "$PAYLOAD" | afterword payload-hash)"
 echo "\$ PUT $RESULT_URL  (payloadHash $PAYLOAD_HASH)"
 call PUT "$RESULT_URL" "$RESULT_TOKEN" \
   "{\"idempotencyKey\":\"$TASK_KEY/1\",\"payloadHash\":\"$PAYLOAD_HASH\",\"payload\":$PAYLOAD}"

@@ -43,6 +43,8 @@ def copy_examples(root: Path) -> tuple[Path, int]:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORK_CONTROL_")}
+    # The walkthrough runs `afterword payload-hash`: the one installed beside this interpreter.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env.update(extra)
     return env
 

@@ -30,7 +30,7 @@ from hypercorn.events import RawData
 from test_http_protocol import Harness, serving
 
 from afterword.continuations.rules import MAX_CLAIM_BODY, MAX_RESULT_BODY
-from afterword.disk import DurabilityError, StorageFullError
+from afterword.disk import DurabilityError, StorageFullError, UnsafeStateError
 from afterword.http import listener
 from afterword.http.app import create_app
 from afterword.http.fastpath import DEFAULT_ON, ENV_SWITCH, FastPath, create_asgi_app, match, switch_on
@@ -471,8 +471,13 @@ async def test_creation_answers_the_same_shape(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "exc",
-    [StorageFullError("/x", 28), DurabilityError("/x", "fsync", 5), RuntimeError("boom")],
-    ids=["storage_full", "disk_failed", "unexpected"],
+    [
+        StorageFullError("/x", 28),
+        DurabilityError("/x", "fsync", 5),
+        UnsafeStateError("/x", "identity_changed", "path removed"),
+        RuntimeError("boom"),
+    ],
+    ids=["storage_full", "disk_failed", "unsafe_state", "unexpected"],
 )
 async def test_storage_and_unexpected_errors_answer_identically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, exc: Exception

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..continuations.errors import AdmissionLimit, Closed, Conflict, InvalidRequest, NotFound
-from ..continuations.rules import format_ms
+from ..continuations.errors import AdmissionLimit, Closed, Conflict, NotFound
+from ..continuations.rules import check_host_run, format_ms
 from ..protocol.host import AbandonReason, RunBody, RunState, ServerBinding
 from .leases import lapsed, lease_loop, lease_state
 
@@ -100,10 +100,9 @@ class HostRuns:
         """Bind a run; an identical repeat returns the same binding (and renews its lease),
         the same run id with a different binding is a conflict. A new run beyond
         ``maxOpenRuns`` open ones raises :class:`OpenRunsLimit` (a repeat never does)."""
-        if "/" in run_id or run_id in (".", ".."):
-            # Every later call names the run in one URL path segment; such an id could never
-            # be finalized or activated, only left to lapse.
-            raise InvalidRequest("runId must fit one URL path segment: no '/', and not '.' or '..'")
+        # Every later call names the run in one URL path segment, and the ids reach logs, the
+        # CLI and the status page: bounded and free of control characters, as producer strings.
+        check_host_run(run_id, conversation_id, reply_to)
         run = self._runs.get(run_id)
         if run is not None:
             return self._repeat(run, conversation_id, reply_to, mode)

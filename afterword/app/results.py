@@ -11,7 +11,7 @@ from ..blobs import BlobCorruptError, BlobStore
 from ..continuations import lifecycle
 from ..continuations.errors import Closed, Conflict, InvalidTransition, NotFound
 from ..continuations.model import INLINE_PAYLOAD_MAX, Continuation, ResultRecord, Tombstone
-from ..continuations.rules import MAX_RESULT_BODY, canonical_hash, check_result
+from ..continuations.rules import MAX_RESULT_BODY, canonical_hash, check_result, payload_hashes
 from ..protocol.views import status_body
 from ..protocol.wire import ResultRequest, StatusBody
 from ..store import RecordStore
@@ -22,6 +22,10 @@ log = logging.getLogger("afterword.service")
 
 PAYLOADS_DIR = "payloads"
 PAYLOAD_QUOTA = 1 << 50  # no quota of its own: bounded by the records that reference them
+# RFC 8785 text is built in Python: some microseconds for a small payload, tens of
+# milliseconds near the 256 KiB limit. A large one is built on a worker thread, so the event
+# loop keeps serving other requests meanwhile.
+CANONICAL_ON_THREAD_FROM = 32 * 1024
 
 
 def open_payload_store(store: RecordStore) -> BlobStore:
@@ -30,6 +34,12 @@ def open_payload_store(store: RecordStore) -> BlobStore:
     return BlobStore(
         store.root, store.secret, rel_dir=PAYLOADS_DIR, quota=PAYLOAD_QUOTA, max_blob=MAX_RESULT_BODY
     )
+
+
+def _same_payload(kept: str | None, claimed: str, payload: object) -> bool:
+    """Whether an accepted result's hash stands for this payload, in either accepted form
+    (a producer that upgraded between a submission and its repeat sends the other one)."""
+    return kept == claimed or (kept is not None and kept in payload_hashes(payload))
 
 
 class Results:
@@ -45,21 +55,31 @@ class Results:
 
     async def submit_result(self, cid: str, token: str, req: ResultRequest, body_len: int) -> StatusBody:
         self.keys.check_result_token(cid, token)
-        canonical = check_result(req.idempotency_key, req.payload_hash, req.payload, body_len)
+        args = (req.idempotency_key, req.payload_hash, req.payload, body_len)
+        if body_len > CANONICAL_ON_THREAD_FROM:
+            canonical = await anyio.to_thread.run_sync(check_result, *args)
+        else:
+            canonical = check_result(*args)
         async with self.ledger.locked([cid]):
             rec = self.repo.get(cid)
             if rec is None:
                 tomb = self.repo.tombstone(cid)
                 if tomb is None:
                     raise NotFound(f"no continuation {cid}")
-                if tomb.idempotency_key == req.idempotency_key and tomb.payload_hash == req.payload_hash:
+                if tomb.idempotency_key == req.idempotency_key and _same_payload(
+                    tomb.payload_hash, req.payload_hash, req.payload
+                ):
                     return status_body(tomb)
                 if tomb.idempotency_key is None:
                     raise Closed(f"continuation is {tomb.state}")
                 raise Conflict("a different result was already accepted for this continuation")
             now = self.ledger.clock_ms()
+            claimed = req.payload_hash
+            kept = rec.result.payload_hash if rec.result is not None else None
+            if kept is not None and _same_payload(kept, claimed, req.payload):
+                claimed = kept  # the same payload hashed in the other accepted form: a repeat
             probe = ResultRecord(
-                idempotency_key=req.idempotency_key, payload_hash=req.payload_hash, received_at_ms=now
+                idempotency_key=req.idempotency_key, payload_hash=claimed, received_at_ms=now
             )
             if lifecycle.submit_result(rec, probe, now) is None:
                 return status_body(rec)  # an identical repeat: nothing to store
@@ -98,7 +118,9 @@ class Results:
             return result.payload
         data = await anyio.to_thread.run_sync(self.payloads.get, result.payload_digest)
         if canonical_hash(data) != result.payload_hash:
-            raise BlobCorruptError(f"payload {result.payload_digest}: does not match the accepted payloadHash")
+            raise BlobCorruptError(
+                f"payload {result.payload_digest}: does not match the accepted payloadHash"
+            )
         return data
 
     def status(self, cid: str, token: str) -> StatusBody:

@@ -25,6 +25,7 @@ from ..store import StoreError, StoreLockedError
 from ..wal import WalError
 from .common import CONFIG_HELP, EXIT_UNREACHABLE, CliError, Parser, report, resolve_config
 from .continuations import add_continuations_parser, operator_message
+from .payloadhash import add_payload_hash_parser
 from .tasks import add_tasks_parser
 
 
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_continuations_parser(sub)
     add_tasks_parser(sub)
+    add_payload_hash_parser(sub)
 
     demo = sub.add_parser(
         "demo",

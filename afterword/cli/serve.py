@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+from collections.abc import Mapping
 
 import anyio
 import msgspec
 
 from ..app.runtime import open_service
-from ..config import Config, OutboxChannelConfig, missing_detached_tokens
+from ..config import Config, OutboxChannelConfig, SlackChannelConfig, missing_detached_tokens
 from ..http.server import ServeError
 from ..worker.channels import OutboxChannel
 from .statelog import StateChangeLog
@@ -42,6 +44,24 @@ def log_handler() -> logging.Handler:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLineFormatter())
     return handler
+
+
+def missing_credentials(config: Config, environ: Mapping[str, str]) -> list[str]:
+    """What ``serve`` says at start about credential variables that are unset: each names
+    the variable and what cannot happen without it (never a value)."""
+    notes = [
+        f"detached service {detached.name!r} cannot claim until {detached.token_env} holds its bearer "
+        "(>= 16 printable characters) in this process's environment; "
+        "see docs/configuration.md#detached-services"
+        for detached in missing_detached_tokens(config, environ)
+    ]
+    notes += [
+        f"slack channel {key!r} cannot post until {channel.token_env} holds its token; "
+        "each post to it is dead-lettered (token_missing) without being sent"
+        for key, channel in config.channels.items()
+        if isinstance(channel, SlackChannelConfig) and not environ.get(channel.token_env)
+    ]
+    return notes
 
 
 async def serve(config: Config, outbox: str | None = None) -> int:
@@ -81,12 +101,8 @@ async def _serve(config: Config, outbox: str | None, changes: StateChangeLog) ->
         # The log is attached before recovery runs: its changes are state changes too.
         async with open_service(config, channels=channels or None, on_change=[changes]):
             _say(changes, f"afterword serving on {config.base_url} (state {config.state_dir})\n")
-            for detached in missing_detached_tokens(config):
-                sys.stderr.write(
-                    f"afterword: detached service {detached.name!r} cannot claim until {detached.token_env} "
-                    "holds its bearer (>= 16 printable characters) in this process's environment; "
-                    "see docs/configuration.md#detached-services\n"
-                )
+            for note in missing_credentials(config, os.environ):
+                sys.stderr.write(f"afterword: {note}\n")
             sys.stderr.flush()
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:

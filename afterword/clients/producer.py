@@ -33,6 +33,7 @@ import httpx
 import msgspec
 
 from ..config.mcp import is_loopback_url
+from ..continuations import rules
 from ..continuations.rules import payload_hash
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
@@ -91,8 +92,12 @@ _RETRY_FROM_STATUS = 500
 
 # -- hashing and time -------------------------------------------------------------------------
 def task_hash(task: Any) -> str:
-    """A ``taskHash`` for an immutable task description, hashed the same way as a payload."""
-    return payload_hash(task)
+    """A ``taskHash`` for an immutable task description: sha256 of its sorted compact JSON.
+
+    The service only compares it with the taskHash of a repeated claim, so it keeps the form
+    producers have always sent: a claim repeated across an upgrade must not look different.
+    """
+    return rules.canonical_hash(rules.sorted_json(task))
 
 
 def format_deadline(deadline: datetime | timedelta | str, *, now: datetime | None = None) -> str:

@@ -103,7 +103,7 @@ def config_from_mapping(
     # A disabled service never authenticates detached callers, so their tokens need not be set.
     detached = build_detached_services(block.detached_services, env, enabled and check_secrets, file)
     synthesis = build_synthesis(block.synthesis, file)
-    channels = build_channels(block.channels, config_dir, file)
+    channels = build_channels(block.channels, config_dir, file, env if enabled and check_secrets else None)
     mcp_config_path, mcp_servers, selected = build_mcp(raw.tools, config_dir, file)
 
     config = Config(

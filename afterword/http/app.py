@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException, RequestHeaderFieldsTooLarge
 from ..app.service import ContinuationService
 from ..continuations.errors import ContinuationError, InvalidRequest
 from ..continuations.rules import MAX_RESULT_BODY
-from ..disk import DiskError, DiskFailedError, DurabilityError, StorageFullError
+from ..disk import DiskError
 from ..protocol import paths
 from ..protocol.wire import LivezBody
 from . import producer
@@ -55,6 +55,17 @@ def request_head_size(scope: Mapping[str, Any]) -> int:
     return line + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
 
 
+def origin_form(scope: Mapping[str, Any]) -> bool:
+    """Whether the request line's target is a path, as a client sends to the server it talks
+    to. An absolute URL (``GET http://evil.com/v1/...``) is what a proxy receives: answering
+    it would let the authority in the line disagree with the Host header that was checked,
+    so it is refused. The ASGI server passes the target through as ``raw_path``."""
+    target = scope.get("raw_path")
+    if target is None:  # an ASGI server may leave it out; then the path is all there is
+        target = str(scope.get("path", "")).encode()
+    return bytes(target).startswith(b"/")
+
+
 def create_app(service: ContinuationService) -> Quart:
     """Build the HTTP facade for ``service`` (served on loopback only by ``serve``)."""
     app = Quart("afterword.http", root_path=os.path.dirname(os.path.abspath(__file__)))
@@ -66,8 +77,11 @@ def create_app(service: ContinuationService) -> Quart:
 
     @app.before_request
     async def _check_host() -> None:
-        if request_head_size(cast(Mapping[str, Any], request.scope)) > MAX_REQUEST_HEAD:
+        scope = cast(Mapping[str, Any], request.scope)
+        if request_head_size(scope) > MAX_REQUEST_HEAD:
             raise RequestHeaderFieldsTooLarge()
+        if not origin_form(scope):
+            raise InvalidRequest("the request target must be a path (origin-form), not a URL or '*'")
         host = request.headers.get("Host", "").strip().lower()
         if host not in hosts:
             raise InvalidRequest("the Host header does not name this loopback service")
@@ -76,9 +90,10 @@ def create_app(service: ContinuationService) -> Quart:
     async def _domain_error(exc: ContinuationError) -> Response:
         return answer(domain_error(exc))
 
-    @app.errorhandler(StorageFullError)
-    @app.errorhandler(DiskFailedError)
-    @app.errorhandler(DurabilityError)
+    # Every disk-layer failure, the first one included: a state directory found moved or a
+    # live file replaced raises UnsafeStateError (and fails the root) before any later request
+    # meets DiskFailedError, and both are the same outage to a client.
+    @app.errorhandler(DiskError)
     async def _storage_error(exc: DiskError) -> Response:
         return answer(storage_error(exc, service, request.method))
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from ..continuations.errors import ContinuationError
-from ..disk import DiskFailedError, DurabilityError, StorageFullError
+from ..disk import DiskError
 from ..errors import AfterwordError
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
@@ -233,7 +233,7 @@ class FastPath:
             return
         except ContinuationError as exc:
             error = domain_error(exc)
-        except (StorageFullError, DiskFailedError, DurabilityError) as exc:
+        except DiskError as exc:  # as Quart's handler: the first failure (UnsafeStateError) too
             error = storage_error(exc, service, method)
         except HTTPException as exc:
             error = http_error(exc)

@@ -17,7 +17,7 @@ from ..continuations.model import (
     ResultRecord,
     encode,
 )
-from ..continuations.rules import canonical_payload
+from ..continuations.rules import sorted_json
 from ..store import MAX_RECORD_BYTES
 from .formats import LegacyRecord, MigrationError
 
@@ -66,7 +66,7 @@ def normalize(rec: LegacyRecord, *, ids_key: bytes, mac_key: bytes) -> Continuat
         result = ResultRecord(
             idempotency_key=rec.result.idempotency_key,
             payload_hash=rec.result.payload_hash,
-            payload=canonical_payload(rec.result.payload),
+            payload=sorted_json(rec.result.payload),  # the form its payloadHash covers
             received_at_ms=updated,
         )
     receipt = None

@@ -10,7 +10,15 @@ configured value that uses a reserved name. A detached service names itself in
 
 from __future__ import annotations
 
-__all__ = ["RESERVED_ENV", "RESERVED_HEADERS", "SERVICE_NAME_HEADER"]
+import re
+
+__all__ = [
+    "RESERVED_ENV",
+    "RESERVED_HEADERS",
+    "SERVICE_NAME_HEADER",
+    "sendable_header_name",
+    "sendable_header_value",
+]
 
 # Order matters: claim URL, token, fingerprint, mode (the producer reads them in this order).
 RESERVED_ENV = (
@@ -26,3 +34,17 @@ RESERVED_HEADERS = (
     "x-mono-agent-continuation-claim-mode",
 )
 SERVICE_NAME_HEADER = "X-Mono-Agent-Service-Name"
+
+# What an HTTP/1.1 client can put on the wire as a header (RFC 9110 token and field value),
+# narrowed to ASCII: httpx encodes header text as ASCII, so anything else fails before a byte
+# is sent. A value has no leading or trailing whitespace and no control character but tab.
+_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
+
+
+def sendable_header_name(name: str) -> bool:
+    return _TOKEN.fullmatch(name) is not None
+
+
+def sendable_header_value(value: str) -> bool:
+    return _FIELD_VALUE.fullmatch(value) is not None

@@ -7,23 +7,46 @@ camelCase JSON like the rest of the protocol.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from ..continuations.rules import MAX_ROUTE_ID, MAX_RUN_ID, ROUTE_ID_PATTERN, RUN_ID_PATTERN
 from .wire import StatusBody
 
 RunState = Literal["open", "closed", "finalized", "activated", "abandoned"]
 AbandonReason = Literal["host", "lease_lapsed"]
+
+# Shown in the OpenAPI document and applied when the body is decoded;
+# ``continuations.rules.check_host_run`` is the full rule (JSON Schema's "$" is the end of the
+# string, Python's also matches before a final newline).
+RunId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_RUN_ID,
+        pattern=f"^{RUN_ID_PATTERN}+$",
+        description=f"1-{MAX_RUN_ID} characters without '/' or control characters; not '.' or '..'",
+    ),
+]
+RouteId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_ROUTE_ID,
+        pattern=f"^{ROUTE_ID_PATTERN}+$",
+        description=f"1-{MAX_ROUTE_ID} characters without control characters (C0, DEL, C1)",
+    ),
+]
 
 
 class BeginRunRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     """``POST /v1/host/runs``. ``replyTo`` is the physical route the channel driver gave the
     host (never a value a model produced); ``conversationId`` may carry a history bucket."""
 
-    run_id: str
-    conversation_id: str
-    reply_to: str | None = None
+    run_id: RunId
+    conversation_id: RouteId
+    reply_to: RouteId | None = None
     mode: Literal["reply", "notify_if_actionable", "capture", "silent"] = "reply"
 
 

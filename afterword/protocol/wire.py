@@ -3,9 +3,18 @@ request that tries to name a channel, a callback URL or a conversation is reject
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+
+PayloadHash = Annotated[
+    str,
+    msgspec.Meta(
+        description="lowercase hex sha256 of the payload's RFC 8785 (JSON Canonicalization Scheme) "
+        "canonical JSON; the older msgspec sorted compact form of the same payload is accepted too "
+        "(docs/payload-hash.md; `afterword payload-hash` prints it)"
+    ),
+]
 
 
 class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
@@ -25,7 +34,7 @@ class DetachedClaimRequest(
 
 class ResultRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     idempotency_key: str
-    payload_hash: str
+    payload_hash: PayloadHash
     payload: Any
 
 

@@ -17,6 +17,7 @@ import msgspec
 
 from ..continuations.rules import format_ms
 from ..disk import Disk, OsDisk
+from ..protocol.headers import sendable_header_name, sendable_header_value
 from .errors import PermanentDeliveryError, RetryableDeliveryError, UnconfirmedDeliveryError
 from .outbox import OutboxFailed, OutboxFile, OutboxNotWritten, OutboxUnsynced
 
@@ -137,6 +138,83 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+# The most of a channel's answer that is read: a receipt needs a few fields, and a huge
+# answer must not cost memory per post in flight. Compressed answers are not asked for, so
+# the bound counts the bytes as they arrive.
+MAX_ANSWER_BYTES = 256 * 1024
+
+
+def _request(
+    client: httpx.AsyncClient, url: str, body: Mapping[str, object], headers: dict[str, str]
+) -> httpx.Request:
+    """The request, complete before any connection is opened.
+
+    Anything wrong with it (a header no HTTP client can send, text that cannot be encoded)
+    shows here, while provably nothing has left the process: a permanent, definite failure,
+    never an unknown outcome.
+    """
+    for name, value in headers.items():
+        if not (sendable_header_name(name) and sendable_header_value(value)):
+            # The value stays out of the message: it may be a credential.
+            raise PermanentDeliveryError(
+                "unsendable_request", f"header {name!r} cannot be sent; nothing was posted"
+            )
+    try:
+        return client.build_request(
+            "POST", url, json=body, headers={**headers, "Accept-Encoding": "identity"}
+        )
+    except (ValueError, TypeError, httpx.HTTPError) as exc:  # UnicodeError is a ValueError
+        raise PermanentDeliveryError(
+            "unsendable_request", f"the request could not be built ({type(exc).__name__}); nothing was posted"
+        ) from None
+
+
+async def _send(
+    client: httpx.AsyncClient, request: httpx.Request, who: str
+) -> tuple[httpx.Response, bytes | None]:
+    """Send and read at most :data:`MAX_ANSWER_BYTES` of the answer.
+
+    The body is ``None`` when it was longer, content-encoded or broken off: the status still
+    counts, only the fields a receipt would take from the body are missing.
+    """
+    try:
+        response = await client.send(request, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):  # nothing was sent
+        raise RetryableDeliveryError("connect_failed", f"could not connect to {who}") from None
+    try:
+        if response.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
+            return response, None
+        data = bytearray()
+        async for part in response.aiter_raw():
+            data += part
+            if len(data) > MAX_ANSWER_BYTES:
+                return response, None  # closing the response drops the rest unread
+        return response, bytes(data)
+    except httpx.TransportError:
+        return response, None
+    finally:
+        await response.aclose()
+
+
+def _json_object(body: bytes | None) -> dict[str, object] | None:
+    if body is None:
+        return None
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _redirect(status: int, who: str) -> PermanentDeliveryError:
+    # Never followed: a redirected POST reaches no handler of ours, and following one would
+    # send the chunk (and its credentials) wherever the answer points.
+    return PermanentDeliveryError(
+        f"http_{status}",
+        f"{who} answered a redirect (HTTP {status}); redirects are not followed, nothing was posted",
+    )
+
+
 # Slack has no idempotency key, so a failure may be retried only when it proves that nothing
 # was posted. These errors do: the request was refused before any message was created.
 SLACK_NOT_POSTED = {
@@ -191,56 +269,54 @@ class SlackChannel:
         body: dict[str, str] = {"channel": parts[1], "text": delivery.text}
         if len(parts) > 2 and parts[2]:
             body["thread_ts"] = parts[2].split("#", 1)[0]
+        if not self._token:
+            raise PermanentDeliveryError(
+                "token_missing", "no Slack token is set (the channel's tokenEnv variable); nothing was posted"
+            )
         headers = {
             "Authorization": f"Bearer {self._token}",
             "Content-Type": "application/json; charset=utf-8",
         }
         async with httpx.AsyncClient(timeout=self._timeout) as client:
-            try:
-                response = await client.post(self._url, json=body, headers=headers)
-            except (httpx.ConnectError, httpx.ConnectTimeout):  # no connection: nothing was sent
-                raise RetryableDeliveryError("connect_failed", "could not connect to Slack") from None
-        if response.status_code == 429:
+            response, raw = await _send(client, _request(client, self._url, body, headers), "Slack")
+        status = response.status_code
+        if status == 429:
             raise RetryableDeliveryError(
                 "rate_limited", "Slack rate limited the post", _retry_after(response)
             )
-        if response.status_code >= 500:
-            error = _slack_error(response)
+        data = _json_object(raw)
+        said = data.get("error") if data is not None else None
+        error = said[:64] if isinstance(said, str) else None
+        if status >= 500:
             if error in SLACK_NOT_POSTED:
-                raise RetryableDeliveryError(error, f"Slack refused the post: {error}", _retry_after(response))
+                raise RetryableDeliveryError(
+                    error, f"Slack refused the post: {error}", _retry_after(response)
+                )
             raise UnconfirmedDeliveryError(
-                f"Slack answered HTTP {response.status_code} after the request was sent; it may have posted",
-                f"http_{response.status_code}",
+                f"Slack answered HTTP {status} after the request was sent; it may have posted",
+                f"http_{status}",
             )
-        try:
-            data = response.json()
-        except ValueError:
+        if 300 <= status < 400:
+            raise _redirect(status, "Slack")
+        if data is None:
             if response.is_success:  # a 2xx may well have posted: not safe to try again
-                raise UnconfirmedDeliveryError("Slack answered 2xx without JSON") from None
-            raise RetryableDeliveryError("bad_response", "Slack answered without JSON") from None
-        if data.get("ok") is True:
-            if isinstance(data.get("ts"), str):
-                return ChunkReceipt(delivery_id=data["ts"], channel_id=str(data.get("channel") or parts[1]))
+                raise UnconfirmedDeliveryError("Slack answered 2xx without a readable JSON object")
+            raise RetryableDeliveryError("bad_response", "Slack answered without JSON")
+        if data.get("ok") is True and response.is_success:
+            ts = data.get("ts")
+            if isinstance(ts, str):
+                return ChunkReceipt(delivery_id=ts, channel_id=str(data.get("channel") or parts[1]))
             raise UnconfirmedDeliveryError("Slack accepted the post without a message ts")
-        error = str(data.get("error") or "unknown_error")[:64]
+        error = error or "unknown_error"
         if error == "ratelimited":
             raise RetryableDeliveryError(
                 "rate_limited", "Slack rate limited the post", _retry_after(response)
             )
         if error in SLACK_MAYBE_POSTED:
             raise UnconfirmedDeliveryError(f"Slack reported {error}; the post may have happened", error)
-        if error in SLACK_PERMANENT or 400 <= response.status_code < 500:
+        if error in SLACK_PERMANENT or 400 <= status < 500:
             raise PermanentDeliveryError(error, f"Slack refused the post: {error}")
         raise RetryableDeliveryError(error, f"Slack did not accept the post: {error}")
-
-
-def _slack_error(response: httpx.Response) -> str | None:
-    try:
-        data = response.json()
-    except ValueError:
-        return None
-    error = data.get("error") if isinstance(data, dict) else None
-    return error if isinstance(error, str) else None
 
 
 class WebhookChannel:
@@ -273,22 +349,17 @@ class WebhookChannel:
         }
         headers = {**self._headers, "Idempotency-Key": delivery.delivery_key}
         async with httpx.AsyncClient(timeout=self._timeout) as client:
-            try:
-                response = await client.post(self._url, json=body, headers=headers)
-            except (httpx.ConnectError, httpx.ConnectTimeout):  # no connection: nothing was sent
-                raise RetryableDeliveryError("connect_failed", "could not connect to the webhook") from None
+            response, raw = await _send(client, _request(client, self._url, body, headers), "the webhook")
         status = response.status_code
         if status == 429 or status >= 500 or status == 408:
             raise RetryableDeliveryError(
                 f"http_{status}", f"webhook answered HTTP {status}", _retry_after(response)
             )
-        if status >= 400:
+        if 300 <= status < 400:
+            raise _redirect(status, "the webhook")
+        if not response.is_success:  # only a 2xx confirms a post
             raise PermanentDeliveryError(f"http_{status}", f"webhook refused the delivery (HTTP {status})")
-        delivery_id = delivery.delivery_key
-        try:
-            data = response.json()
-            if isinstance(data, dict) and isinstance(data.get("id"), str):
-                delivery_id = data["id"]
-        except ValueError:
-            pass
+        data = _json_object(raw)
+        answered_id = data.get("id") if data is not None else None
+        delivery_id = answered_id if isinstance(answered_id, str) else delivery.delivery_key
         return ChunkReceipt(delivery_id=delivery_id, channel_id="webhook")

@@ -16,6 +16,9 @@
 
 import { readFile } from "node:fs/promises";
 
+// A producer written for Node computes a result's payloadHash with these.
+export { canonicalJson, payloadHash } from "./canonical.js";
+
 export type Mode = "reply" | "notify_if_actionable" | "capture" | "silent";
 export type RunState = "open" | "closed" | "finalized" | "activated" | "abandoned";
 
