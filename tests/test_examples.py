@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,3 +163,17 @@ def test_readme_embedding_snippet_is_taken_from_embed_py() -> None:
     lines = [line.split("  #", 1)[0].strip() for line in snippet.splitlines()]
     missing = [line for line in lines if line and line not in source]
     assert not missing, f"README shows lines that examples/embed.py does not have: {missing}"
+
+
+def test_files_the_readme_writes_in_the_clone_are_ignored() -> None:
+    """Every file README.md's commands write into the clone's root (a redirect, `--file`,
+    `--token-file`) is git-ignored, so following the README leaves `git status` clean."""
+    root = EXAMPLES.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    readme = (root / "README.md").read_text()
+    written = set(re.findall(r"(?:2>|--file |--token-file )([\w.-]+)", readme))
+    written |= {".mono-agent/continuations/secret", "outbox.jsonl"}  # a bare `afterword serve`
+    assert {"host.token", "serve.log"} <= written  # the pattern really finds the README's files
+    done = subprocess.run(["git", "check-ignore", *sorted(written)], cwd=root, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == sorted(written)
