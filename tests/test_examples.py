@@ -110,7 +110,7 @@ def test_walkthrough_script_runs_against_a_real_serve(tmp_path: Path) -> None:
         assert serve.wait(timeout=30) == 0
     [line] = [json.loads(x) for x in (folder / "outbox.jsonl").read_text().splitlines()]
     assert line["conversationId"] == "slack:C_EXAMPLE:T_EXAMPLE"
-    assert line["text"] == "Update on your earlier request: 3 invoices need approval"
+    assert line["text"] == "From a background service: 3 invoices need approval"
 
 
 def test_embedding_example_runs_and_leaves_nothing_behind(tmp_path: Path) -> None:
