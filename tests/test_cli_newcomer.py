@@ -138,8 +138,12 @@ def test_operator_path_show_list_outcome_metrics_livez(tmp_path: Path, hook: Fak
 
         token_file = tmp_path / "prom" / "afterword.token"
         token_file.parent.mkdir()
-        code, out, _ = cli(server, "continuations", "metrics-token", str(token_file))
+        code, out, _ = cli(server, "continuations", "metrics-token", "--file", str(token_file))
         assert code == 0 and str(token_file) in out
+        # The first releases' positional form still works, and says which form replaces it.
+        code, _, err = cli(server, "continuations", "metrics-token", str(token_file) + ".old")
+        assert code == 0 and "deprecated" in err and "metrics-token --file PATH" in err
+        assert (tmp_path / "prom" / "afterword.token.old").read_text() == token_file.read_text()
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         token = token_file.read_text()
         assert token not in out
@@ -189,3 +193,43 @@ def test_serve_without_the_detached_token_runs_and_says_which_service_cannot_cla
         assert server.stop() == 0
     text = server.log()
     assert "detached service 'svc' cannot claim until AFTERWORD_TEST_DETACHED_TOKEN" in text
+
+
+def test_both_token_commands_take_the_file_as_file_option() -> None:
+    """One form for the two commands that write a capability to a file: ``--file PATH``."""
+    parser = build_parser()
+    for verb in ("metrics-token", "host-token"):
+        args = parser.parse_args(["continuations", verb, "--file", "x.token"])
+        assert args.file == "x.token"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--limit", "0"], "--limit"),
+        (["--limit", "-3"], "--limit"),
+        (["--limit", "ten"], "--limit"),
+        (["--state", "bogus"], "--state"),
+    ],
+)
+def test_list_filters_are_refused_by_argument_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """Exit 2 with the usage line, before any state is read or the service is asked."""
+    from afterword.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # no service state here: the old code got as far as exit 3
+    with pytest.raises(SystemExit) as stopped:
+        main(["continuations", "list", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "usage:" in err
+
+
+def test_list_state_help_names_every_state() -> None:
+    from afterword.continuations.model import STATES
+
+    ls = next(p for prog, p in _parsers(build_parser()) if prog.endswith("continuations list"))
+    assert ls.parse_args(["--state", "delivery_unknown"]).state == "delivery_unknown"
+    text = ls.format_help()
+    assert all(state in text for state in STATES)
