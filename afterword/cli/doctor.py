@@ -81,6 +81,12 @@ _ADVICE: dict[str, tuple[str, str]] = {
 }
 
 
+def fix_for(rule: str) -> str | None:
+    """What to do about ``rule``, as doctor says it; None for a rule doctor does not know."""
+    advice = _ADVICE.get(rule)
+    return advice[1] if advice else None
+
+
 @dataclass
 class Diagnosis:
     state_dir: str

@@ -98,6 +98,14 @@ def _config_problem(exc: ConfigError) -> str:
     return exc.problem
 
 
+def _doctor_fix(exc: Exception) -> str:
+    """The fix ``doctor`` prints for the rule ``exc`` names, if it knows one."""
+    from .doctor import fix_for  # only on this error path: doctor imports the store's reader
+
+    fix = fix_for(getattr(exc, "rule", ""))
+    return f"; to fix: {fix} (`afterword continuations doctor` checks the whole directory)" if fix else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -130,7 +138,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except CliError as exc:
         return report(args, exc.kind, str(exc), exc.code)
     except (StoreError, WalError, DiskError) as exc:
-        return report(args, "state_dir", f"state directory problem: {exc}", 1)
+        return report(args, "state_dir", f"state directory problem: {exc}{_doctor_fix(exc)}", 1)
     except KeyboardInterrupt:
         return 130
     return code
