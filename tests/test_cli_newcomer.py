@@ -193,6 +193,11 @@ def test_serve_without_the_detached_token_runs_and_says_which_service_cannot_cla
         assert server.stop() == 0
     text = server.log()
     assert "detached service 'svc' cannot claim until AFTERWORD_TEST_DETACHED_TOKEN" in text
+    # The start banner says where answers go, so a wrong webhook shows before the first delivery.
+    hook_host = hook.url.split("//", 1)[1].split("/", 1)[0]
+    assert f"  channels: hook -> webhook {hook_host}, * -> outbox {tmp_path / 'outbox.jsonl'}\n" in text
+    assert "  named routes: ok, refuse, hang, capture, quiet\n" in text
+    assert "  detached services: svc\n" in text
 
 
 def test_both_token_commands_take_the_file_as_file_option() -> None:
@@ -233,3 +238,37 @@ def test_list_state_help_names_every_state() -> None:
     assert ls.parse_args(["--state", "delivery_unknown"]).state == "delivery_unknown"
     text = ls.format_help()
     assert all(state in text for state in STATES)
+
+
+def test_the_start_banner_names_destinations_without_secrets(tmp_path: Path) -> None:
+    from afterword.cli.serve import banner
+    from afterword.config import config_from_mapping
+
+    secret = "s3cr3t-0123456789abcdef"
+    config = config_from_mapping(
+        {
+            "continuations": {
+                "channels": {
+                    "hook": {
+                        "adapter": "webhook",
+                        "url": f"https://user:{secret}@hooks.example.com:8443/services/{secret}?key={secret}",
+                        "headers": {"X-Key": secret},
+                    },
+                    "slack": {"adapter": "slack", "tokenEnv": "SLACK_TOKEN"},
+                    "*": {"adapter": "outbox", "path": "answers.jsonl"},
+                },
+                "namedRoutes": {"daily": {"mode": "capture", "conversationId": "local:x"}},
+                "detachedServices": [{"name": "cron", "tokenEnv": "CRON_TOKEN"}],
+            }
+        },
+        str(tmp_path),
+        environ={"SLACK_TOKEN": secret, "CRON_TOKEN": secret},
+    )
+    lines = banner(config)
+    assert lines[1:] == [
+        f"  channels: hook -> webhook hooks.example.com:8443, slack -> slack slack.com, * -> outbox {tmp_path / 'answers.jsonl'}",
+        "  named routes: daily",
+        "  detached services: cron",
+    ]
+    assert secret not in "\n".join(lines) and "user" not in "\n".join(lines)
+    assert banner(config, "/tmp/elsewhere.jsonl")[1].endswith("* -> outbox /tmp/elsewhere.jsonl")
