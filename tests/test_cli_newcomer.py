@@ -54,6 +54,17 @@ def test_version_and_python_m() -> None:
     assert done.returncode == 0 and "temporary directory" in done.stdout
 
 
+def test_python_m_afterword_from_the_clones_parent_directory(tmp_path: Path) -> None:
+    """Run beside a folder named ``afterword`` (a clone of this repository, seen from its
+    parent), ``python -m afterword`` still runs the installed package, not the folder."""
+    (tmp_path / "afterword" / "docs").mkdir(parents=True)  # a folder without __init__.py
+    done = subprocess.run(
+        [sys.executable, "-m", "afterword", "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"afterword {__version__}"
+
+
 def test_errors_say_what_to_do_next_and_json_errors_are_json(tmp_path: Path) -> None:
     cwd = tmp_path / "empty"
     cwd.mkdir()
