@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -283,3 +284,25 @@ def test_the_start_banner_names_destinations_without_secrets(tmp_path: Path) -> 
     ]
     assert secret not in "\n".join(lines) and "user" not in "\n".join(lines)
     assert banner(config, "/tmp/elsewhere.jsonl")[1].endswith("* -> outbox /tmp/elsewhere.jsonl")
+
+
+def test_readme_opens_with_what_it_is_then_the_two_commands() -> None:
+    """Three plain lines (what afterword is, for whom, which problem), then the Python it
+    needs and the two commands (the demo, the tests), then how long the tests take."""
+    root = Path(__file__).resolve().parent.parent
+    lines = (root / "README.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "# afterword"
+    body = [line for line in lines[1:] if line.strip()]
+    opening = body[:3]
+    assert all(line[0].isalpha() and line.endswith(".") and len(line) <= 100 for line in opening), opening
+    assert "agent hosts" in opening[0] and "for" in opening[1] and "answer later" in opening[2]
+    fence = body.index("```sh")
+    assert fence == 4  # one line between the three and the commands: what it needs
+    requires = re.search(r'requires-python = ">=(\d+\.\d+)"', (root / "pyproject.toml").read_text()).group(1)  # type: ignore[union-attr]
+    assert f"Python {requires} or newer" in body[3]
+    commands = body[fence + 1 : body.index("```", fence + 1)]
+    assert len(commands) == 2
+    assert commands[0].endswith("pip install -e . && afterword demo")
+    assert commands[1].endswith("pip install -e '.[test]' && python -m pytest -q")
+    after = " ".join(body[body.index("```", fence + 1) + 1 :][:4])
+    assert re.search(r"the test suite\s+without the tests marked `slow`: about \d+ minutes", after)
