@@ -306,3 +306,30 @@ def test_readme_opens_with_what_it_is_then_the_two_commands() -> None:
     assert commands[1].endswith("pip install -e '.[test]' && python -m pytest -q")
     after = " ".join(body[body.index("```", fence + 1) + 1 :][:4])
     assert re.search(r"the test suite\s+without the tests marked `slow`: about \d+ minutes", after)
+
+
+def test_list_marks_an_acknowledged_record(capsys: pytest.CaptureFixture[str]) -> None:
+    from afterword.cli.render import print_page
+    from afterword.protocol.wire import AttemptsBody, ErrorDetail, ListItem, ListResponse
+
+    def item(cid: str, acknowledged_at: str | None) -> ListItem:
+        return ListItem(
+            continuation_id=cid,
+            state="dead_lettered",
+            origin_context="detached_latest",
+            mode="notify_if_actionable",
+            kind="detached",
+            server_name="svc",
+            route="ops",
+            attempts=AttemptsBody(synthesis=1, delivery=1),
+            last_error=ErrorDetail(code="http_400", message="refused"),
+            created_at="2026-12-01T00:00:00.000Z",
+            updated_at="2026-12-01T00:00:01.000Z",
+            compacted=False,
+            acknowledged_at=acknowledged_at,
+        )
+
+    print_page(ListResponse(items=[item("c_seen", "2026-12-01T00:00:02.000Z"), item("c_new", None)], next_cursor=None), None)
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "dead_lettered (acknowledged)" in rows["c_seen"]
+    assert "acknowledged" not in rows["c_new"]
