@@ -48,3 +48,16 @@ def test_tasks_subcommand_is_wired_into_afterword(tmp_path: Path) -> None:
         timeout=60,
     )
     assert absent.returncode == 3 and "does not exist" in absent.stderr
+
+
+def test_the_command_line_does_not_import_what_only_some_commands_use() -> None:
+    """Start-up time: every `afterword` command imports the CLI. httpx (the operator verbs'
+    client), the legacy migration (serve only) and webbrowser (`ui --open` only) load when a
+    command needs them, not on import."""
+    probe = (
+        "import sys, afterword.cli.main; "
+        "print(sorted(m for m in ('httpx', 'afterword.legacy', 'webbrowser') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

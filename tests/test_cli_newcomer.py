@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -52,6 +53,17 @@ def test_version_and_python_m() -> None:
         assert done.returncode == 0 and done.stdout.strip() == f"afterword {__version__}"
     done = subprocess.run([sys.executable, "-m", "afterword", "demo", "-h"], capture_output=True, text=True)
     assert done.returncode == 0 and "temporary directory" in done.stdout
+
+
+def test_python_m_afterword_from_the_clones_parent_directory(tmp_path: Path) -> None:
+    """Run beside a folder named ``afterword`` (a clone of this repository, seen from its
+    parent), ``python -m afterword`` still runs the installed package, not the folder."""
+    (tmp_path / "afterword" / "docs").mkdir(parents=True)  # a folder without __init__.py
+    done = subprocess.run(
+        [sys.executable, "-m", "afterword", "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"afterword {__version__}"
 
 
 def test_errors_say_what_to_do_next_and_json_errors_are_json(tmp_path: Path) -> None:
@@ -138,8 +150,12 @@ def test_operator_path_show_list_outcome_metrics_livez(tmp_path: Path, hook: Fak
 
         token_file = tmp_path / "prom" / "afterword.token"
         token_file.parent.mkdir()
-        code, out, _ = cli(server, "continuations", "metrics-token", str(token_file))
+        code, out, _ = cli(server, "continuations", "metrics-token", "--file", str(token_file))
         assert code == 0 and str(token_file) in out
+        # The first releases' positional form still works, and says which form replaces it.
+        code, _, err = cli(server, "continuations", "metrics-token", str(token_file) + ".old")
+        assert code == 0 and "deprecated" in err and "metrics-token --file PATH" in err
+        assert (tmp_path / "prom" / "afterword.token.old").read_text() == token_file.read_text()
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         token = token_file.read_text()
         assert token not in out
@@ -189,3 +205,131 @@ def test_serve_without_the_detached_token_runs_and_says_which_service_cannot_cla
         assert server.stop() == 0
     text = server.log()
     assert "detached service 'svc' cannot claim until AFTERWORD_TEST_DETACHED_TOKEN" in text
+    # The start banner says where answers go, so a wrong webhook shows before the first delivery.
+    hook_host = hook.url.split("//", 1)[1].split("/", 1)[0]
+    assert f"  channels: hook -> webhook {hook_host}, * -> outbox {tmp_path / 'outbox.jsonl'}\n" in text
+    assert "  named routes: ok, refuse, hang, capture, quiet\n" in text
+    assert "  detached services: svc\n" in text
+
+
+def test_both_token_commands_take_the_file_as_file_option() -> None:
+    """One form for the two commands that write a capability to a file: ``--file PATH``."""
+    parser = build_parser()
+    for verb in ("metrics-token", "host-token"):
+        args = parser.parse_args(["continuations", verb, "--file", "x.token"])
+        assert args.file == "x.token"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--limit", "0"], "--limit"),
+        (["--limit", "-3"], "--limit"),
+        (["--limit", "ten"], "--limit"),
+        (["--state", "bogus"], "--state"),
+    ],
+)
+def test_list_filters_are_refused_by_argument_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """Exit 2 with the usage line, before any state is read or the service is asked."""
+    from afterword.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # no service state here: the old code got as far as exit 3
+    with pytest.raises(SystemExit) as stopped:
+        main(["continuations", "list", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "usage:" in err
+
+
+def test_list_state_help_names_every_state() -> None:
+    from afterword.continuations.model import STATES
+
+    ls = next(p for prog, p in _parsers(build_parser()) if prog.endswith("continuations list"))
+    assert ls.parse_args(["--state", "delivery_unknown"]).state == "delivery_unknown"
+    text = ls.format_help()
+    assert all(state in text for state in STATES)
+
+
+def test_the_start_banner_names_destinations_without_secrets(tmp_path: Path) -> None:
+    from afterword.cli.serve import banner
+    from afterword.config import config_from_mapping
+
+    secret = "s3cr3t-0123456789abcdef"
+    config = config_from_mapping(
+        {
+            "continuations": {
+                "channels": {
+                    "hook": {
+                        "adapter": "webhook",
+                        "url": f"https://user:{secret}@hooks.example.com:8443/services/{secret}?key={secret}",
+                        "headers": {"X-Key": secret},
+                    },
+                    "slack": {"adapter": "slack", "tokenEnv": "SLACK_TOKEN"},
+                    "*": {"adapter": "outbox", "path": "answers.jsonl"},
+                },
+                "namedRoutes": {"daily": {"mode": "capture", "conversationId": "local:x"}},
+                "detachedServices": [{"name": "cron", "tokenEnv": "CRON_TOKEN"}],
+            }
+        },
+        str(tmp_path),
+        environ={"SLACK_TOKEN": secret, "CRON_TOKEN": secret},
+    )
+    lines = banner(config)
+    assert lines[1:] == [
+        f"  channels: hook -> webhook hooks.example.com:8443, slack -> slack slack.com, * -> outbox {tmp_path / 'answers.jsonl'}",
+        "  named routes: daily",
+        "  detached services: cron",
+    ]
+    assert secret not in "\n".join(lines) and "user" not in "\n".join(lines)
+    assert banner(config, "/tmp/elsewhere.jsonl")[1].endswith("* -> outbox /tmp/elsewhere.jsonl")
+
+
+def test_readme_opens_with_what_it_is_then_the_two_commands() -> None:
+    """Three plain lines (what afterword is, for whom, which problem), then the Python it
+    needs and the two commands (the demo, the tests), then how long the tests take."""
+    root = Path(__file__).resolve().parent.parent
+    lines = (root / "README.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "# afterword"
+    body = [line for line in lines[1:] if line.strip()]
+    opening = body[:3]
+    assert all(line[0].isalpha() and line.endswith(".") and len(line) <= 100 for line in opening), opening
+    assert "agent hosts" in opening[0] and "for" in opening[1] and "answer later" in opening[2]
+    fence = body.index("```sh")
+    assert fence == 4  # one line between the three and the commands: what it needs
+    requires = re.search(r'requires-python = ">=(\d+\.\d+)"', (root / "pyproject.toml").read_text()).group(1)  # type: ignore[union-attr]
+    assert f"Python {requires} or newer" in body[3]
+    commands = body[fence + 1 : body.index("```", fence + 1)]
+    assert len(commands) == 2
+    assert commands[0].endswith("pip install -e . && afterword demo")
+    assert commands[1].endswith("pip install -e '.[test]' && python -m pytest -q")
+    after = " ".join(body[body.index("```", fence + 1) + 1 :][:4])
+    assert re.search(r"the test suite\s+without the tests marked `slow`: about \d+ minutes", after)
+
+
+def test_list_marks_an_acknowledged_record(capsys: pytest.CaptureFixture[str]) -> None:
+    from afterword.cli.render import print_page
+    from afterword.protocol.wire import AttemptsBody, ErrorDetail, ListItem, ListResponse
+
+    def item(cid: str, acknowledged_at: str | None) -> ListItem:
+        return ListItem(
+            continuation_id=cid,
+            state="dead_lettered",
+            origin_context="detached_latest",
+            mode="notify_if_actionable",
+            kind="detached",
+            server_name="svc",
+            route="ops",
+            attempts=AttemptsBody(synthesis=1, delivery=1),
+            last_error=ErrorDetail(code="http_400", message="refused"),
+            created_at="2026-12-01T00:00:00.000Z",
+            updated_at="2026-12-01T00:00:01.000Z",
+            compacted=False,
+            acknowledged_at=acknowledged_at,
+        )
+
+    print_page(ListResponse(items=[item("c_seen", "2026-12-01T00:00:02.000Z"), item("c_new", None)], next_cursor=None), None)
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "dead_lettered (acknowledged)" in rows["c_seen"]
+    assert "acknowledged" not in rows["c_new"]

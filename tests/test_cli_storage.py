@@ -99,6 +99,9 @@ def test_doctor_explains_damage_without_changing_anything(
     config, state = _state_with_records(tmp_path)
     ok = _cli(capsys, "continuations", "doctor", "--config", str(config))
     assert ok.returncode == 0 and "opens cleanly" in ok.stdout and "records 4" in ok.stdout
+    # "records" is every key in the store; the note says how many of them are continuations.
+    assert "note: records counts every key in the store: 0 continuations, 0 compacted" in ok.stdout
+    assert "0 run activations and 4 others" in ok.stdout
     (state / "secret").unlink()
     before = snapshot(str(state))
     bad = _cli(capsys, "continuations", "doctor", "--config", str(config))

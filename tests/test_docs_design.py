@@ -34,3 +34,21 @@ def test_no_reference_to_the_design_file_outside_the_repository() -> None:
         p.name for p in _sources() if re.search(r"DESIGN(\.md)? contract", p.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+def test_docs_name_the_format_the_store_writes() -> None:
+    """The format name in the docs follows the store's, and every format the store still
+    upgrades has its section in docs/upgrading.md."""
+    from afterword.store import codec
+
+    docs = ROOT / "docs"
+    upgrading = (docs / "upgrading.md").read_text(encoding="utf-8")
+    assert upgrading.splitlines()[0].endswith(f"`{codec.FORMAT}`")
+    assert (docs / "storage-format.md").read_text(encoding="utf-8").splitlines()[0].endswith(f"`{codec.FORMAT}`")
+    design = (docs / "design.md").read_text(encoding="utf-8")
+    assert f"`{codec.FORMAT}`" in design
+    named = set(re.findall(r"`(per-record-v\d+)`", design))
+    assert named == {codec.FORMAT}
+    older = sorted((codec.FORMAT_V3, codec.FORMAT_V4), key=lambda f: int(f.rsplit("v", 1)[1]))
+    for old, new in zip(older, [*older[1:], codec.FORMAT], strict=True):
+        assert f"## From `{old}` to `{new}`" in upgrading

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def test_walkthrough_script_runs_against_a_real_serve(tmp_path: Path) -> None:
         assert serve.wait(timeout=30) == 0
     [line] = [json.loads(x) for x in (folder / "outbox.jsonl").read_text().splitlines()]
     assert line["conversationId"] == "slack:C_EXAMPLE:T_EXAMPLE"
-    assert line["text"] == "Update on your earlier request: 3 invoices need approval"
+    assert line["text"] == "From a background service: 3 invoices need approval"
 
 
 def test_embedding_example_runs_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -164,3 +165,17 @@ def test_readme_embedding_snippet_is_taken_from_embed_py() -> None:
     lines = [line.split("  #", 1)[0].strip() for line in snippet.splitlines()]
     missing = [line for line in lines if line and line not in source]
     assert not missing, f"README shows lines that examples/embed.py does not have: {missing}"
+
+
+def test_files_the_readme_writes_in_the_clone_are_ignored() -> None:
+    """Every file README.md's commands write into the clone's root (a redirect, `--file`,
+    `--token-file`) is git-ignored, so following the README leaves `git status` clean."""
+    root = EXAMPLES.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    readme = (root / "README.md").read_text()
+    written = set(re.findall(r"(?:2>|--file |--token-file )([\w.-]+)", readme))
+    written |= {".mono-agent/continuations/secret", "outbox.jsonl"}  # a bare `afterword serve`
+    assert {"host.token", "serve.log"} <= written  # the pattern really finds the README's files
+    done = subprocess.run(["git", "check-ignore", *sorted(written)], cwd=root, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == sorted(written)

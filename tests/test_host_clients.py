@@ -136,3 +136,35 @@ def test_node_host_runs_one_turn_end_to_end(node: str, sidecar: tuple[Server, Pa
         "pinned",
         "synthesized",
     )
+
+
+def test_typescript_client_installs_into_another_project_without_a_prebuilt_dist(
+    node: str, tmp_path: Path
+) -> None:
+    """`npm pack` builds dist/ itself (the `prepare` script), so the tarball installs into an
+    unrelated project and imports there, from a checkout that never ran `npm run build`."""
+    clean = tmp_path / "host-client"
+    shutil.copytree(TS, clean, ignore=shutil.ignore_patterns("dist", "*.tgz"), symlinks=True)
+    packed = subprocess.run(
+        [_tool("npm"), "pack", "--json", "--pack-destination", str(tmp_path)],
+        cwd=clean,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    [info] = json.loads(packed.stdout[packed.stdout.index("[") :])
+    assert {"dist/src/index.js", "dist/src/index.d.ts", "README.md"} <= {f["path"] for f in info["files"]}
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "some-host", "version": "1.0.0", "type": "module"}')
+    subprocess.run(
+        [_tool("npm"), "install", "--no-audit", "--no-fund", "--silent", str(tmp_path / info["filename"])],
+        cwd=project,
+        check=True,
+        timeout=300,
+    )
+    probe = 'import { HostClient, RESERVED_ENV } from "@afterword/host-client"; console.log(typeof HostClient, RESERVED_ENV.length)'
+    done = subprocess.run([node, "--input-type=module", "-e", probe], cwd=project, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "function 4"

@@ -152,4 +152,4 @@ async def test_records_with_inline_payloads_still_load_and_deliver(tmp_path: Pat
         store.transact_sync([Put("c/" + rec.id, encode(rec))])
     async with running(config, env) as h2:
         assert (await wait_state(h2.service, claimed.id)).state == "delivered"
-    assert [line["text"] for line in h2.outbox()] == ["Update on your earlier request: from an older build"]
+    assert [line["text"] for line in h2.outbox()] == ["From a background service: from an older build"]

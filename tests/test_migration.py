@@ -246,7 +246,7 @@ def test_rollback_window_and_guard(tmp_path: Path) -> None:
         V010Runtime(state)
     # with v3 records present, removing the guard makes the current runtime fail closed
     (state / "records-v2" / "ROLLBACK-GUARD").unlink()
-    with pytest.raises(MigrationError, match="rollback guard missing while v3 records exist"):
+    with pytest.raises(MigrationError, match="rollback guard missing while per-record-v5 records exist"):
         migrate(config)
 
 

@@ -74,7 +74,7 @@ async def test_retention_bounds(tmp_path: Path) -> None:
         compacted, dropped, _ = await service.apply_retention()
         # the two silent ones and the older capture are compacted; 3 tombstones fit the bound
         assert compacted == 3 and dropped == 0
-        assert service.captured_continuation_text(captured[1]) == "Update on your earlier request: captured 1"
+        assert service.captured_continuation_text(captured[1]) == "From a background service: captured 1"
         assert service.captured_continuation_text(captured[0]) is None
         tomb = service.repo.tombstone(silent[0])
         assert tomb is not None and tomb.state == "delivered"

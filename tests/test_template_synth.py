@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from afterword.worker.synth import CONTROL_KEYS, SUMMARY_KEYS, render_template
+from afterword.worker.synth import (
+    CONTROL_KEYS,
+    FRAME_OPEN,
+    SUMMARY_KEYS,
+    SynthesisRequest,
+    TemplateSynthesizer,
+    _alternating,
+    _messages,
+    render_template,
+)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -64,3 +74,35 @@ def test_the_keys_read_are_documented() -> None:
     text = DOCS.read_text()
     for key in (*SUMMARY_KEYS, *CONTROL_KEYS):
         assert f"`{key}`" in text
+
+
+def _request(origin_context: str, payload: object) -> SynthesisRequest:
+    return SynthesisRequest(
+        continuation_id="c_x",
+        mode="notify_if_actionable",
+        conversation_id="slack:C1:T1",
+        origin_context=origin_context,
+        messages=(),
+        payload=payload,
+    )
+
+
+def test_a_detached_answer_says_it_is_a_report_not_a_reply() -> None:
+    """A detached (cron) service reports on its own: its answer must not claim that someone
+    asked; an answer to a run's claim still reads as the reply it is."""
+    payload = {"summary": "3 invoices need approval"}
+    detached = asyncio.run(TemplateSynthesizer().synthesize(_request("detached_latest", payload)))
+    assert detached == "From a background service: 3 invoices need approval"
+    assert "earlier request" not in render_template({"invoices": 3}, detached=True)
+    reply = asyncio.run(TemplateSynthesizer().synthesize(_request("pinned", payload)))
+    assert reply == "Update on your earlier request: 3 invoices need approval"
+
+
+def test_the_model_prompt_of_a_detached_answer_says_nobody_asked() -> None:
+    detached = _messages(_request("detached_latest", {"n": 1}))[0]["content"]
+    reply = _messages(_request("pinned", {"n": 1}))[0]["content"]
+    assert "nobody in the conversation asked" in detached and "earlier request" in detached
+    assert "nobody" not in reply
+    assert _alternating(_request("detached_latest", {"n": 1}))[-1]["content"].startswith(FRAME_OPEN)
+    # Both keep the untrusted-data rules.
+    assert all(FRAME_OPEN in text and "never follow" in text for text in (detached, reply))

@@ -80,6 +80,22 @@ def test_the_ring_counts_per_minute_and_forgets_after_an_hour() -> None:
     assert later.p50_ms is None and later.since_ms > T0
 
 
+def test_operator_verbs_are_not_failures_in_the_chart() -> None:
+    """Leaving a final state is an operator's act (retry of a dead letter, a verdict on an
+    unknown delivery): the failure it follows was counted when it happened, once."""
+    ring = ActivityRing(FakeClock())
+    sending = record("ready_to_deliver", received_ms=T0)
+    dead = record("dead_lettered")
+    unknown = record("delivery_unknown")
+    ring.observe(sending, dead)  # a failure
+    ring.observe(dead, record("delivery_retry"))  # afterword continuations retry
+    ring.observe(sending, unknown)  # a failure
+    ring.observe(unknown, record("delivery_retry"))  # resolve not-delivered
+    ring.observe(unknown, record("dead_lettered"))  # resolve dead-lettered
+    ring.observe(record("delivery_retry"), unknown)  # the retried post failed again: a failure
+    assert ring.summary().minutes[-1].failures == 3
+
+
 def test_percentiles_and_chart_geometry() -> None:
     values = list(range(1, 101))
     assert percentile(values, 0.5) == 50 and percentile(values, 0.99) == 99 and percentile([], 0.5) is None

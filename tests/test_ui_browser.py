@@ -280,3 +280,42 @@ def test_a_missing_browser_skips_locally_but_fails_in_ci(monkeypatch: pytest.Mon
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="missing"):
         _browser_or_skip()
+
+
+def test_the_list_fits_1400_px_and_shows_acknowledgement(
+    world: tuple[Server, dict[str, Any]], chromium: Any
+) -> None:
+    """At 1400 px the list's last column (the last error) is inside its panel, nothing
+    scrolls sideways, and an acknowledged dead letter says so in the list. (Runs last: it adds
+    a record to the module's service.)"""
+    server, made = world
+    refused = server.claim("refuse", "refused-then-acknowledged")
+    server.result(refused, {"summary": "x", "actionable": True})
+    server.wait_state(refused, "dead_lettered")
+    cid = refused["continuationId"]
+    code, _, err = cli(server, "continuations", "acknowledge", cid)
+    assert code == 0, err
+    page = chromium.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    page.goto(login_url(server))
+    page.wait_for_url(server.base + "/ui/")
+    page.evaluate("document.querySelector('#list').scrollIntoView()")
+    shoot(page, made["root"], "operator-ui-1400.png")
+    fit = page.evaluate(
+        """() => {
+          const panel = document.querySelector('#list');
+          const last = document.querySelector('#items thead th:last-child').getBoundingClientRect();
+          const box = panel.getBoundingClientRect();
+          return {panelScroll: panel.scrollWidth, panelClient: panel.clientWidth,
+                  pageScroll: document.documentElement.scrollWidth, pageClient: document.documentElement.clientWidth,
+                  lastRight: last.right, panelRight: box.right};
+        }"""
+    )
+    assert fit["panelScroll"] <= fit["panelClient"], fit
+    assert fit["pageScroll"] <= fit["pageClient"], fit
+    assert fit["lastRight"] <= fit["panelRight"], fit
+    assert page.locator("#items thead th:last-child").inner_text() == "last error"
+    row = page.locator(f'tr.item[data-id="{cid}"]')
+    assert row.locator(".ack").inner_text() == "acknowledged"
+    assert row.locator("code").inner_text() == "http_400"  # the webhook refused it
+    others = page.locator(f'tr.item:not([data-id="{cid}"]) .ack').count()
+    assert others == 0

@@ -17,6 +17,7 @@ from ..clients.operator import (
     OperatorError,
 )
 from ..continuations.health import SEVERITY
+from ..continuations.model import STATES
 from .common import (
     CONFIG_HELP,
     EXIT_UNREACHABLE,
@@ -33,6 +34,17 @@ from .ui import add_ui_parser
 
 _ID_HELP = "the continuation id (c_...), as printed by `afterword continuations list`"
 _VERDICTS = {"delivered": "delivered", "not-delivered": "not_delivered", "dead-lettered": "dead_lettered"}
+
+
+def positive_int(text: str) -> int:
+    """``--limit``: refused while parsing (exit 2), not by the service after a round trip."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of rows")
+    return value
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -233,13 +245,16 @@ def add_continuations_parser(sub: Any) -> None:
     )
     common(ls)
     ls.add_argument(
-        "--limit", type=int, metavar="N", help="at most N rows (default and maximum: operatorPageSize)"
+        "--limit", type=positive_int, metavar="N", help="at most N rows, N >= 1 (default and maximum: operatorPageSize)"
     )
     ls.add_argument(
         "--cursor", metavar="CURSOR", help="continue after the previous page (printed when more remain)"
     )
     ls.add_argument(
-        "--state", metavar="STATE", help="only continuations in this state (e.g. delivery_unknown)"
+        "--state",
+        choices=STATES,
+        metavar="STATE",
+        help="only continuations in this state: " + ", ".join(STATES),
     )
     ls.add_argument("--server", metavar="NAME", help="only continuations claimed by this server")
     ls.add_argument("--route", metavar="ROUTE", help="only continuations on this named route")

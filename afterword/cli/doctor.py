@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..app.payloads import PAYLOADS_DIR, check_payload_files
-from ..app.repository import LIVE, TOMB
+from ..app.repository import ACTIVATION, LIVE, TOMB
 from ..continuations.model import decode_continuation, decode_tombstone
 from ..disk import DiskError, UnsafeStateError
 from ..store import StoreError, StoreView, open_readonly
@@ -81,6 +81,12 @@ _ADVICE: dict[str, tuple[str, str]] = {
 }
 
 
+def fix_for(rule: str) -> str | None:
+    """What to do about ``rule``, as doctor says it; None for a rule doctor does not know."""
+    advice = _ADVICE.get(rule)
+    return advice[1] if advice else None
+
+
 @dataclass
 class Diagnosis:
     state_dir: str
@@ -125,6 +131,7 @@ def diagnose(state_dir: str) -> Diagnosis:
             "format": view.manifest.format,
             "segments": len(view.manifest.segments),
         }
+        d.notes.append(_what_records_count(view))
         if not os.path.exists(os.path.join(state_dir, "MANIFEST")):
             d.notes.append("no MANIFEST yet: the directory was never opened by a host")
         return d
@@ -160,6 +167,17 @@ def _check_payloads(view: StoreView, state_dir: str) -> None:
 
     records = (decode_continuation(r.value) for r in view.items(LIVE))
     check_payload_files(records, size_of, path_of)
+
+
+def _what_records_count(view: StoreView) -> str:
+    """"records N" is every key in the store, not the number of continuations: say what they are."""
+    counts = {prefix: sum(1 for _ in view.items(prefix)) for prefix in (LIVE, TOMB, ACTIVATION)}
+    other = len(view) - sum(counts.values())
+    return (
+        f"records counts every key in the store: {counts[LIVE]} continuations, {counts[TOMB]} "
+        f"compacted by retention, {counts[ACTIVATION]} run activations and {other} others "
+        "(conversation history, task journal)"
+    )
 
 
 def _side_notes(state_dir: str) -> list[str]:

@@ -20,7 +20,7 @@ from .. import __version__
 from ..clients.operator import OperatorError
 from ..config import ConfigError
 from ..disk import DiskError
-from ..legacy import MigrationError
+from ..errors import StateError
 from ..store import StoreError, StoreLockedError
 from ..wal import WalError
 from .common import CONFIG_HELP, EXIT_UNREACHABLE, CliError, Parser, report, resolve_config
@@ -100,6 +100,14 @@ def _config_problem(exc: ConfigError) -> str:
     return exc.problem
 
 
+def _doctor_fix(exc: Exception) -> str:
+    """The fix ``doctor`` prints for the rule ``exc`` names, if it knows one."""
+    from .doctor import fix_for  # only on this error path: doctor imports the store's reader
+
+    fix = fix_for(getattr(exc, "rule", ""))
+    return f"; to fix: {fix} (`afterword continuations doctor` checks the whole directory)" if fix else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -122,8 +130,6 @@ def _main(argv: Sequence[str] | None) -> int:
         code: int = handler(args)
     except ConfigError as exc:
         return report(args, "invalid_config", f"{_config_problem(exc)} (see docs/configuration.md)", 2)
-    except MigrationError as exc:
-        return report(args, "migration", f"{exc} (see docs/upgrading.md)", 1)
     except StoreLockedError as exc:
         message = f"{exc} (stop the other `afterword serve`, or give this one its own stateDir)"
         return report(args, "state_locked", message, 1)
@@ -132,7 +138,14 @@ def _main(argv: Sequence[str] | None) -> int:
     except CliError as exc:
         return report(args, exc.kind, str(exc), exc.code)
     except (StoreError, WalError, DiskError) as exc:
-        return report(args, "state_dir", f"state directory problem: {exc}", 1)
+        return report(args, "state_dir", f"state directory problem: {exc}{_doctor_fix(exc)}", 1)
+    except StateError as exc:
+        # Imported only here: the legacy package loads with the service, never for a verb.
+        from ..legacy import MigrationError
+
+        if not isinstance(exc, MigrationError):
+            raise
+        return report(args, "migration", f"{exc} (see docs/upgrading.md)", 1)
     except KeyboardInterrupt:
         return 130
     return code

@@ -35,7 +35,8 @@ def print_page(page: ListResponse, next_command: str | None) -> None:
             item.continuation_id,
             # Sticky warning: posting it again needs retry --allow-unknown.
             state_label(item.state, item.held, item.next_attempt_at)
-            + (" (unproven post)" if item.post_unproven else ""),
+            + (" (unproven post)" if item.post_unproven else "")
+            + (" (acknowledged)" if item.acknowledged_at else ""),
             item.outcome or "",
             item.origin_context,
             item.mode,

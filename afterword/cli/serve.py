@@ -7,12 +7,19 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import anyio
 import msgspec
 
 from ..app.runtime import open_service
-from ..config import Config, OutboxChannelConfig, SlackChannelConfig, missing_detached_tokens
+from ..config import (
+    Config,
+    OutboxChannelConfig,
+    SlackChannelConfig,
+    WebhookChannelConfig,
+    missing_detached_tokens,
+)
 from ..http.server import ServeError
 from ..worker.channels import OutboxChannel
 from .statelog import StateChangeLog
@@ -86,6 +93,40 @@ async def serve(config: Config, outbox: str | None = None) -> int:
         root.propagate = propagate
 
 
+def _destination(channel: object, outbox: str | None) -> str:
+    """Where a channel posts, without a secret: a webhook or Slack URL's path, query and user
+    info can carry one (a Slack incoming-webhook path is its credential), so only the host
+    and port are named; an outbox is a local file, named in full."""
+    if isinstance(channel, OutboxChannelConfig):
+        return f"outbox {outbox or channel.path}"
+    if isinstance(channel, WebhookChannelConfig):
+        adapter, url = "webhook", channel.url
+    elif isinstance(channel, SlackChannelConfig):
+        adapter, url = "slack", channel.base_url
+    else:
+        return type(channel).__name__
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        host, port = "?", ""
+    return f"{adapter} {host}{port}"
+
+
+def banner(config: Config, outbox: str | None = None) -> list[str]:
+    """The start lines: address, state, and where answers go, so a wrong channel shows at
+    start rather than at the first delivery. Names and hosts only, never a token or header."""
+    lines = [f"afterword serving on {config.base_url} (state {config.state_dir})"]
+    channels = ", ".join(f"{key} -> {_destination(c, outbox)}" for key, c in config.channels.items())
+    lines.append(f"  channels: {channels}")
+    if config.named_routes:
+        lines.append(f"  named routes: {', '.join(config.named_routes)}")
+    if config.detached_services:
+        lines.append(f"  detached services: {', '.join(config.detached_services)}")
+    return lines
+
+
 def _say(changes: StateChangeLog, text: str) -> None:
     changes.flush()  # the state changes so far come first
     sys.stderr.write(text)
@@ -100,7 +141,7 @@ async def _serve(config: Config, outbox: str | None, changes: StateChangeLog) ->
     try:
         # The log is attached before recovery runs: its changes are state changes too.
         async with open_service(config, channels=channels or None, on_change=[changes]):
-            _say(changes, f"afterword serving on {config.base_url} (state {config.state_dir})\n")
+            _say(changes, "".join(line + "\n" for line in banner(config, outbox)))
             for note in missing_credentials(config, os.environ):
                 sys.stderr.write(f"afterword: {note}\n")
             sys.stderr.flush()

@@ -14,7 +14,6 @@ from typing import Any
 from ..continuations.rules import parse_deadline_format
 from ..disk import DiskError
 from .common import operator_client, print_json
-from .loginpage import open_login_link
 
 _DESCRIPTION = (
     "Print a login link for the status page that `afterword serve` shows under /ui. The link "
@@ -42,6 +41,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def _open(url: str, expires_at_ms: int) -> None:
     """Through a private forwarding file: the link never reaches a command line (loginpage)."""
+    from .loginpage import open_login_link  # webbrowser and html: only when a browser is asked for
+
     try:
         opened = open_login_link(url, expires_at_ms)
     except (OSError, DiskError) as exc:

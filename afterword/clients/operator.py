@@ -6,9 +6,8 @@ capability; the secret itself never leaves this process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 
 from ..config import Config
@@ -19,6 +18,9 @@ from ..protocol import paths
 from ..protocol.wire import DetailBody, HealthBody, ListResponse, StatusBody, UiLoginBody
 from ..store.keys import HOST, METRICS, OPERATOR, derive_key
 from ..store.loading import SECRET, SECRET_BYTES
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class OperatorError(AfterwordError):
@@ -54,10 +56,14 @@ def read_host_token(config: Config) -> str:
 
 class OperatorClient:
     def __init__(self, config: Config, token: str, *, timeout_s: float = 10.0) -> None:
+        # Imported here, not at the top: every `afterword` command imports this module, and
+        # httpx is a third of the CLI's start-up time; only the verbs that call the service pay.
+        import httpx
+
         self._base = config.base_url
         # trust_env=False: the operator credential is restart-stable and all-powerful, so it must
         # go only to the loopback service, never to a proxy named in HTTP_PROXY/ALL_PROXY.
-        self._client = httpx.Client(
+        self._client: httpx.Client = httpx.Client(
             timeout=timeout_s,
             headers={"Authorization": f"Bearer {token}"},
             trust_env=False,
@@ -71,6 +77,8 @@ class OperatorClient:
         self._client.close()
 
     def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None) -> Any:
+        import httpx  # already loaded by __init__
+
         try:
             response = self._client.request(method, self._base + path, params=params, json=body)
         except httpx.HTTPError as exc:

@@ -28,6 +28,26 @@ def resolve_path(base_dir: str, value: str, path: str, file: str | None) -> str:
     return os.path.normpath(os.path.join(base_dir, value))
 
 
+def check_state_dir(state_dir: str, file: str | None) -> str:
+    """Refuse a ``stateDir`` that can never be a directory: the nearest existing path on the
+    way up (the directory itself or an ancestor) is a file. Anything finer (modes, owners,
+    symlinks) is the disk layer's, when the service opens the directory."""
+    probe = state_dir
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return state_dir
+        probe = parent
+    if not os.path.isdir(probe):
+        where = "it is" if probe == state_dir else f"{probe} is"
+        raise ConfigError(
+            "continuations.stateDir",
+            f"{state_dir} cannot be a directory: {where} a file (choose a directory path)",
+            file=file,
+        )
+    return state_dir
+
+
 def check_conversation_id(value: str, path: str, file: str | None) -> str:
     if not value:
         raise ConfigError(path, "conversation id must be a non-empty string", file=file)

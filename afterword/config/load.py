@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from .channels import build_channels
-from .checks import check_host, check_port, positive_ints, resolve_path
+from .checks import check_host, check_port, check_state_dir, positive_ints, resolve_path
 from .jsonfile import DuplicateKeyError, read_json, unique_object_pairs
 from .model import (
     DEFAULT_HOST,
@@ -91,7 +91,7 @@ def config_from_mapping(
 
     host = check_host(block.host, file)
     port = check_port(block.port, file)
-    state_dir = resolve_path(config_dir, block.state_dir, "continuations.stateDir", file)
+    state_dir = check_state_dir(resolve_path(config_dir, block.state_dir, "continuations.stateDir", file), file)
     limits = Limits(**positive_ints(block.limits, "continuations.limits", file))
     if limits.run_lease_ms > MAX_RUN_LEASE_MS:
         # A run's claim capability lasts an hour; a longer lease would outlive it.

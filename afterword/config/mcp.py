@@ -91,7 +91,7 @@ def _parse_entry(name: str, raw: Any, path: str, file: str, base_dir: str) -> Mc
     try:
         entry = msgspec.convert(raw, _RawEntry)
     except msgspec.ValidationError as err:
-        raise from_validation_error(err, path, file=file) from None
+        raise from_validation_error(err, path, file=file, type_=_RawEntry) from None
     if entry.type is not None and entry.type not in _TYPES:
         raise ConfigError(
             json_path(path, "type"),

@@ -10,9 +10,10 @@ so a logged config never shows them.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -73,12 +74,14 @@ _MISSING = re.compile(r"^Object missing required field `(?P<key>.*)`$", re.DOTAL
 
 
 def from_validation_error(
-    err: msgspec.ValidationError, prefix: str, *, file: str | None = None
+    err: msgspec.ValidationError, prefix: str, *, file: str | None = None, type_: Any = None
 ) -> ConfigError:
     """Turn a msgspec validation error at ``prefix`` into a ConfigError with a full JSON path.
 
     msgspec reports ``"<message> - at `$.a.b[0]`"``; the path is rebased on ``prefix`` and
     unknown/missing-field messages point at the key itself rather than at its parent object.
+    With ``type_`` (what was converted), an unknown key close to a known one gets a "did you
+    mean" with that key.
     """
     m = _MSGSPEC_AT.match(str(err))
     assert m is not None  # the pattern matches any string
@@ -88,12 +91,45 @@ def from_validation_error(
     if sub:
         path = prefix + sub if prefix else sub.lstrip(".")
     if unknown := _UNKNOWN.match(msg):
-        return ConfigError(json_path(path, unknown["key"]), "unknown key", file=file)
+        key = unknown["key"]
+        close = difflib.get_close_matches(key, _keys_at(type_, sub), n=1) if type_ is not None else []
+        problem = f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
+        return ConfigError(json_path(path, key), problem, file=file)
     if missing := _MISSING.match(msg):
         return ConfigError(json_path(path, missing["key"]), "required key is missing", file=file)
     problem = msg.replace("`", "")
     problem = problem[:1].lower() + problem[1:]
     return ConfigError(path or "$", problem, file=file)
+
+
+_SEGMENT = re.compile(r"\.([^.\[]+)|\[[^\]]*\]")
+
+
+def _keys_at(type_: Any, sub: str) -> list[str]:
+    """The keys the object at msgspec path ``sub`` inside ``type_`` accepts ([] if unknown)."""
+    from msgspec import inspect  # only on this error path
+
+    def unwrap(info: Any) -> Any:
+        if isinstance(info, inspect.UnionType):
+            kinds = (inspect.StructType, inspect.DictType, inspect.ListType)
+            return next((t for t in info.types if isinstance(t, kinds)), None)
+        return info
+
+    info = unwrap(inspect.type_info(type_))
+    for segment in _SEGMENT.finditer(sub):
+        name = segment.group(1)
+        if name is not None and isinstance(info, inspect.StructType):
+            field = next((f for f in info.fields if f.encode_name == name), None)
+            info = unwrap(field.type) if field is not None else None
+        elif name is None and isinstance(info, inspect.DictType):
+            info = unwrap(info.value_type)
+        elif name is None and isinstance(info, inspect.ListType):
+            info = unwrap(info.item_type)
+        else:
+            return []
+    if not isinstance(info, inspect.StructType):
+        return []
+    return [f.encode_name for f in info.fields]
 
 
 def _masked(mapping: dict[str, str]) -> dict[str, str]:

@@ -136,4 +136,4 @@ def convert(value: Any, type_: Any, path: str, file: str | None) -> Any:
     try:
         return msgspec.convert(value, type_)
     except msgspec.ValidationError as err:
-        raise from_validation_error(err, path, file=file) from None
+        raise from_validation_error(err, path, file=file, type_=type_) from None

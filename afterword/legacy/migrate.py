@@ -24,7 +24,7 @@ from ..config import Config
 from ..continuations.model import Continuation, encode
 from ..continuations.retention import plan_retention, retention_limits, tombstone_of
 from ..disk import StateRoot
-from ..store import MAX_RECORD_BYTES, Put, RecordStore
+from ..store import FORMAT, MAX_RECORD_BYTES, Put, RecordStore
 from ..store.keys import CLAIM_BINDING, CONTINUATION_IDS, derive_key
 from .formats import (
     GUARD,
@@ -86,7 +86,7 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
     if manifest.guard_required and not guard_present(root):
         if have_v3:
             raise MigrationError(
-                f"{root.path(GUARD_PATH)}: rollback guard missing while v3 records exist; "
+                f"{root.path(GUARD_PATH)}: rollback guard missing while {FORMAT} records exist; "
                 "an older runtime may have written records-v2/ since. Restore the complete "
                 "pre-upgrade state directory instead of removing the guard"
             )

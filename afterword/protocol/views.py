@@ -108,6 +108,7 @@ def list_item(rec: Continuation | Tombstone) -> ListItem:
         next_attempt_at=s.next_attempt_at,
         held=s.held,
         outcome=s.outcome,
+        acknowledged_at=s.acknowledged_at,
     )
 
 

@@ -138,6 +138,9 @@ class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     next_attempt_at: str | None = None
     held: bool = False
     outcome: str | None = None
+    # When an operator acknowledged this dead letter, expiry or delivery missing from
+    # history (``acknowledge``); None when nobody did or nothing needed it.
+    acknowledged_at: str | None = None
 
 
 class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

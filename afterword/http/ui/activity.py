@@ -6,7 +6,10 @@ hour. It starts empty at every start: the page says since when it counts.
 
 Counted per minute: claims (a new record), deliveries (a record entering ``delivered``),
 failures (entering ``delivery_retry``, ``delivery_unknown`` or ``dead_lettered``), and the
-latency from a result's arrival to its delivery, in milliseconds.
+latency from a result's arrival to its delivery, in milliseconds. A record leaves a final
+state only through an operator's verb (``retry``, ``resolve``), so such a change is the
+operator's act, never a new failure: an operator retry of a dead letter enters
+``delivery_retry`` but is not counted.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ...continuations.model import Continuation
+from ...continuations.model import TERMINAL, Continuation
 
 MINUTES = 60
 MINUTE_MS = 60_000
@@ -80,7 +83,7 @@ class ActivityRing:
             if new.result is not None and len(minute.latencies_ms) < MAX_LATENCIES_PER_MINUTE:
                 done = new.receipt.delivered_at_ms if new.receipt is not None else now
                 minute.latencies_ms.append(max(0, done - new.result.received_at_ms))
-        elif new.state in FAILURES:
+        elif new.state in FAILURES and (old is None or old.state not in TERMINAL):
             minute.failures += 1
 
     def summary(self) -> Summary:
