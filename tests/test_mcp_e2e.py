@@ -17,13 +17,12 @@ from typing import Any
 import anyio
 import pytest
 from _service import ENV, free_port, load, outbox_lines, write_config
-from mcp import types
 
 import afterword
 from afterword.app.service import ContinuationService
 from afterword.config import Config
 from afterword.continuations.model import Continuation
-from afterword.mcp_host import connect_servers, settle_run
+from afterword.mcp_host import connect_servers, settle_run, tool_outcome
 from afterword.protocol.views import status_body
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
@@ -49,8 +48,8 @@ MODEL_ROUTING = {
 }
 
 
-def text_of(result: types.CallToolResult) -> str:
-    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+def text_of(result: Any) -> str:
+    return tool_outcome(result).text
 
 
 def continuation_id(text: str) -> str:
@@ -109,7 +108,7 @@ async def one_run(
             "start_job", {"job": job, "seconds": 0.2, **MODEL_ROUTING}
         )
         recorder.runs_in_call.discard(run_id)
-        assert not result.isError, text_of(result)
+        assert not tool_outcome(result).failed, text_of(result)
         assert text_of(result).startswith("accepted")
         cid = continuation_id(text_of(result))
         assert recorder.created_while_call_open[cid] is True  # claimed during the call

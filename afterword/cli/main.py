@@ -84,8 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_demo(args: argparse.Namespace) -> int:
     import anyio
 
-    from .demo import run_demo
+    from ..clients.mcp_sdk import McpSdkUnavailable
 
+    try:
+        from .demo import run_demo
+    except McpSdkUnavailable as exc:
+        # The demo runs a real MCP server and client; the SDK is an optional extra.
+        raise CliError(f"the demo runs a real MCP server and client: {exc}", 2, "mcp_unavailable") from None
     return anyio.run(run_demo, args.keep)
 
 
