@@ -98,6 +98,7 @@ async def one_run(
     job: str,
     errlog: Any = None,
     tokens: list[str] | None = None,
+    routing: dict[str, str] = MODEL_ROUTING,
 ) -> tuple[str, Continuation]:
     binding = service.begin_run(run_id, f"{reply_to}#2030-01-01", reply_to)
     if tokens is not None:
@@ -105,7 +106,7 @@ async def one_run(
     async with connect_servers(binding, config, ["work-control"], errlog=errlog) as sessions:
         recorder.runs_in_call.add(run_id)
         result = await sessions["work-control"].call_tool(
-            "start_job", {"job": job, "seconds": 0.2, **MODEL_ROUTING}
+            "start_job", {"job": job, "seconds": 0.2, **routing}
         )
         recorder.runs_in_call.discard(run_id)
         assert not tool_outcome(result).failed, text_of(result)
@@ -162,6 +163,19 @@ async def test_stdio_server_claims_during_a_real_tool_call(tmp_path: Path) -> No
     assert tokens and tokens[0] not in server_log
 
 
+def wait_port(proc: subprocess.Popen[bytes], port: int) -> None:
+    """Wait until an example HTTP server listens on ``port``; fail if it exits first."""
+    give_up = time.monotonic() + WAIT_S
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > give_up:
+                raise RuntimeError(f"example HTTP server did not start (exit {proc.poll()})") from None
+            time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[str]:
     """The example server as a loopback streamable-HTTP server on a free port."""
@@ -172,15 +186,7 @@ def http_server() -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     try:
-        give_up = time.monotonic() + WAIT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > give_up:
-                    raise RuntimeError(f"example HTTP server did not start (exit {proc.poll()})") from None
-                time.sleep(0.05)
+        wait_port(proc, port)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
