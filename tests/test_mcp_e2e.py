@@ -22,11 +22,12 @@ import afterword
 from afterword.app.service import ContinuationService
 from afterword.config import Config
 from afterword.continuations.model import Continuation
-from afterword.mcp_host import connect_servers, settle_run, tool_outcome
+from afterword.mcp_host import connect_servers, sdk_line, settle_run, tool_outcome
 from afterword.protocol.views import status_body
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
 WAIT_S = 30.0
+STATELESS_REVISION = "2026-07-28"
 # Values an operator (or a model, via a config it could influence) copied into the MCP config:
 # the host must discard them and write the real ones last.
 COPIED_ENV = {
@@ -104,6 +105,10 @@ async def one_run(
     if tokens is not None:
         tokens.append(binding.stdio_env("work-control")["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"])
     async with connect_servers(binding, config, ["work-control"], errlog=errlog) as sessions:
+        if sdk_line() == 2:
+            # The stateless revision (no session, no handshake): the capability still arrives,
+            # in the environment (stdio) or in this request's own headers (HTTP).
+            assert sessions["work-control"].protocol_version == STATELESS_REVISION
         recorder.runs_in_call.add(run_id)
         result = await sessions["work-control"].call_tool(
             "start_job", {"job": job, "seconds": 0.2, **routing}

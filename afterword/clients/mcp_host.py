@@ -38,6 +38,8 @@ from ..protocol.headers import RESERVED_HEADERS
 from .mcp_sdk import RequestHook, load
 
 if TYPE_CHECKING:
+    import httpx
+    import httpx2
     from mcp import ClientSession, StdioServerParameters
 
 __all__ = [
@@ -121,7 +123,9 @@ def _pin_reserved(pinned: Mapping[str, str]) -> RequestHook:
     return hook
 
 
-def http_client(binding: RunBinding, server: McpServer, *, timeout: Any = HTTP_TIMEOUT) -> Any:
+def http_client(
+    binding: RunBinding, server: McpServer, *, timeout: httpx2.Timeout | httpx.Timeout = HTTP_TIMEOUT
+) -> httpx2.AsyncClient | httpx.AsyncClient:
     """An async HTTP client for a streamable-HTTP server, with the run's reserved headers.
 
     It is the HTTP stack of the installed SDK line (``httpx2.AsyncClient`` on 2.x,

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 from ..errors import StateError
 
 if TYPE_CHECKING:
+    import httpx
+    import httpx2
     from mcp import ClientSession, StdioServerParameters
 
 __all__ = ["INSTALL_HINT", "McpSdkUnavailable", "SdkAdapter", "installed_line", "load"]
@@ -53,7 +55,9 @@ class SdkAdapter(Protocol):
         self, command: str, args: list[str], env: dict[str, str], cwd: str | None
     ) -> StdioServerParameters: ...
 
-    def new_http_client(self, headers: Mapping[str, str], on_request: RequestHook, timeout: Any) -> Any: ...
+    def new_http_client(
+        self, headers: Mapping[str, str], on_request: RequestHook, timeout: Any
+    ) -> httpx2.AsyncClient | httpx.AsyncClient: ...
 
     def stdio_transport(
         self, params: StdioServerParameters, errlog: TextIO | None
