@@ -7,6 +7,7 @@ that nothing needed the SDK and that nothing quietly tried it and fell back.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -153,3 +154,34 @@ def test_the_core_dependencies_name_no_mcp_and_the_extra_admits_both_lines() -> 
     assert extras["mcp"] == ["mcp>=1.24,<3"]
     assert "mcp>=1.24,<3" in extras["examples"]
     assert "mcp>=2.3,<3" in extras["test"]  # the default test venv runs on the 2.x line
+
+
+def _sdk_imports(tree: ast.Module) -> list[str]:
+    """Imports of the MCP SDK (or its 2.x HTTP stack) that run when the module is imported:
+    anything outside an ``if TYPE_CHECKING:`` block."""
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            return
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found.extend(n for n in names if n.partition(".")[0] in {"mcp", "mcp_types", "httpx2", "fastmcp"})
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def test_only_the_two_sdk_adapters_import_the_mcp_sdk() -> None:
+    adapters = {"afterword/clients/_mcp_v1.py", "afterword/clients/_mcp_v2.py"}
+    importing = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "afterword").rglob("*.py")
+        if _sdk_imports(ast.parse(path.read_text(), str(path)))
+    }
+    assert importing == adapters
