@@ -100,15 +100,20 @@ async def one_run(
     errlog: Any = None,
     tokens: list[str] | None = None,
     routing: dict[str, str] = MODEL_ROUTING,
+    server_line: int | None = None,
 ) -> tuple[str, Continuation]:
+    """One run's turn against the "work-control" server; ``server_line`` is the server's SDK
+    line when it differs from the host's (the stateless revision needs 2.x on both ends)."""
     binding = service.begin_run(run_id, f"{reply_to}#2030-01-01", reply_to)
     if tokens is not None:
         tokens.append(binding.stdio_env("work-control")["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"])
     async with connect_servers(binding, config, ["work-control"], errlog=errlog) as sessions:
         if sdk_line() == 2:
             # The stateless revision (no session, no handshake): the capability still arrives,
-            # in the environment (stdio) or in this request's own headers (HTTP).
-            assert sessions["work-control"].protocol_version == STATELESS_REVISION
+            # in the environment (stdio) or in this request's own headers (HTTP). A 1.x server
+            # answers the 2.x client's fallback handshake instead.
+            stateless = sessions["work-control"].protocol_version == STATELESS_REVISION
+            assert stateless == ((server_line or 2) == 2)
         recorder.runs_in_call.add(run_id)
         result = await sessions["work-control"].call_tool(
             "start_job", {"job": job, "seconds": 0.2, **routing}
