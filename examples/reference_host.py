@@ -4,7 +4,7 @@ What a real host does around a model turn, with the model replaced by a script:
 
 1. ``begin_run``: the host binds the run to the physical reply route it received from the
    channel (never from the model) and gets one claim capability per selected server;
-2. it starts its MCP clients with the official SDK; selected servers get the capability in
+2. it starts its MCP clients with the official SDK (2.x, or 1.x from 1.24); selected servers get the capability in
    their environment (stdio) or request headers (loopback HTTP), others get nothing;
 3. the "model" calls ``start_job``; the server claims a continuation and answers "accepted";
 4. the tool calls have settled, so the host settles the run: close the capability, bind the
@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
-from mcp import types
 
 import afterword
 from afterword import ContinuationService
 from afterword.config import Config
-from afterword.mcp_host import Settlement, connect_servers, settle_run
+from afterword.mcp_host import Settlement, connect_servers, sdk_line, settle_run, tool_outcome
 
 Step = Callable[[str, str], None]
 Message = dict[str, str]
@@ -70,10 +69,6 @@ class ScriptedModel:
         return "I've started that in the background and will post the result here when it is done."
 
 
-def _text(result: types.CallToolResult) -> str:
-    return " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
-
-
 async def run_turn(
     service: ContinuationService,
     config: Config,
@@ -100,17 +95,18 @@ async def run_turn(
     selected = ", ".join(binding.servers) or "no server"
     on_step("run", f"begin_run {run_id}: claim capability for {selected}, replies bound to {reply_to}")
     tool, arguments = model.plan(user_text)
-    async with connect_servers(binding, config, [TOOL_SERVER], errlog=errlog) as sessions:
+    # read_timeout bounds each MCP response; the helpers take it on either SDK line.
+    async with connect_servers(
+        binding, config, [TOOL_SERVER], errlog=errlog, read_timeout=timedelta(seconds=60)
+    ) as sessions:
         server = config.mcp_servers[TOOL_SERVER]
         how = "stdio subprocess" if server.transport == "stdio" else f"streamable HTTP {server.url}"
-        on_step("mcp", f"{TOOL_SERVER} started via the MCP SDK ({how}) with the bound capability")
+        on_step("mcp", f"{TOOL_SERVER} started via the MCP SDK {sdk_line()}.x ({how}) with the bound capability")
         on_step("tool", f"model calls {tool}({json.dumps(arguments)})")
-        result = await sessions[TOOL_SERVER].call_tool(
-            tool, arguments, read_timeout_seconds=timedelta(seconds=60)
-        )
-        tool_text = _text(result)
+        outcome = tool_outcome(await sessions[TOOL_SERVER].call_tool(tool, arguments))
+        tool_text = outcome.text
         on_step("tool", f"{tool} returned: {tool_text}")
-        assistant = model.reply(tool_text, result.isError)
+        assistant = model.reply(tool_text, outcome.failed)
         on_step("assistant", assistant)
         turn = [*history, {"role": "user", "content": user_text}, {"role": "assistant", "content": assistant}]
         committed: list[Message] = []
@@ -138,7 +134,7 @@ async def run_turn(
         conversation_id=conversation_id,
         reply_to=reply_to,
         tool_result=tool_text,
-        tool_failed=bool(result.isError),
+        tool_failed=outcome.failed,
         assistant=assistant,
         settlement=settlement,
         history=committed,

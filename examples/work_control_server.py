@@ -13,6 +13,9 @@ Run it over stdio (the host spawns it with the capability in its environment)::
 or as a loopback streamable-HTTP server (the capability arrives in each request's headers)::
 
     python examples/work_control_server.py --http --port 8765     # endpoint: /mcp
+
+Written for the MCP Python SDK 2.x (``MCPServer``); the two marked fallbacks let the same file
+run on SDK 1.x (``FastMCP``), which ``afterword demo`` relies on when 1.x is installed.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ import logging
 import sys
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from mcp.server.fastmcp import Context, FastMCP
+
+try:
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError:  # SDK 1.x fallback: the same server class under its old name
+    from mcp.server.fastmcp import Context  # type: ignore[no-redef]
+    from mcp.server.fastmcp import FastMCP as MCPServer  # type: ignore[assignment]
+    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef]
 
 from afterword.producer import (
     CapabilityClosed,
@@ -91,7 +102,7 @@ class Jobs:
 
 
 jobs = Jobs()
-server = FastMCP(
+server = MCPServer(
     "work-control",
     instructions="Starts long-running jobs. The result is reported to the conversation later.",
     log_level="WARNING",
@@ -99,7 +110,7 @@ server = FastMCP(
 
 
 @server.tool()
-async def start_job(job: str, ctx: Context, seconds: float = 1.0) -> str:  # type: ignore[type-arg]
+async def start_job(job: str, ctx: Context, seconds: float = 1.0) -> str:
     """Start a long-running job. Returns at once; the result is reported to this conversation
     when the job finishes.
 
@@ -108,7 +119,8 @@ async def start_job(job: str, ctx: Context, seconds: float = 1.0) -> str:  # typ
         seconds: how long the job takes (simulated).
     """
     if not 0 <= seconds <= MAX_JOB_SECONDS:
-        raise ValueError(f"seconds must be between 0 and {MAX_JOB_SECONDS:g}")
+        # ToolError: its message reaches the model (SDK 2.x hides any other exception's text).
+        raise ToolError(f"seconds must be between 0 and {MAX_JOB_SECONDS:g}")
     job_id = uuid.uuid4().hex[:12]
     capability = ClaimCapability.from_mcp_context(ctx)
     try:
@@ -119,16 +131,27 @@ async def start_job(job: str, ctx: Context, seconds: float = 1.0) -> str:  # typ
             deadline=CLAIM_DEADLINE,
         )
     except NoCapability:
-        raise ValueError(
+        raise ToolError(
             "not accepted: this server holds no continuation capability for this conversation"
         ) from None
     except CapabilityClosed:
-        raise ValueError("not accepted: this run no longer accepts background work") from None
+        raise ToolError("not accepted: this run no longer accepts background work") from None
     jobs.start(handle, job_id, job, seconds)
     return (
         f"accepted: job {job_id} is running (continuation {handle.continuation_id}); "
         "the result will be posted to this conversation when it finishes."
     )
+
+
+def http_app(host: str) -> Any:
+    """The streamable-HTTP app, stateless: every tool call is a self-contained POST carrying
+    the run's capability headers, so no server-side session has to be tied to a run."""
+    if hasattr(server.settings, "stateless_http"):  # SDK 1.x fallback: options live in settings
+        server.settings.host = host
+        server.settings.stateless_http = True
+        server.settings.json_response = True
+        return server.streamable_http_app()
+    return server.streamable_http_app(stateless_http=True, json_response=True, host=host)
 
 
 async def main(transport: str, host: str, port: int) -> None:
@@ -140,15 +163,7 @@ async def main(transport: str, host: str, port: int) -> None:
             else:
                 import uvicorn
 
-                server.settings.host = host
-                server.settings.port = port
-                # Stateless: every tool call is a self-contained POST carrying the run's
-                # capability headers, so no server-side session has to be tied to a run.
-                server.settings.stateless_http = True
-                server.settings.json_response = True
-                config = uvicorn.Config(
-                    server.streamable_http_app(), host=host, port=port, log_level="warning"
-                )
+                config = uvicorn.Config(http_app(host), host=host, port=port, log_level="warning")
                 await uvicorn.Server(config).serve()
         finally:
             # The host closed our input (or we were interrupted): give running jobs a bounded
@@ -165,7 +180,7 @@ def cli() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
-    # Replace the handler FastMCP installed at import; keep the SDK quiet, our own lines on.
+    # Replace the handler the SDK installed at import; keep the SDK quiet, our own lines on.
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="work-control: %(message)s", force=True
     )

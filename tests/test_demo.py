@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,9 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     assert cid, out
     steps = [
         "begin_run run-",
-        "work-control started via the MCP SDK (stdio subprocess) with the bound capability",
+        # The line the demo ran on is the one installed (2.x or 1.x: the demo runs on both).
+        f"work-control started via the MCP SDK {version('mcp').split('.')[0]}.x (stdio subprocess) "
+        "with the bound capability",
         f"{cid[1]}: claimed (origin pending, mode reply)",
         "start_job returned: accepted",
         f"capability closed, active claims: {cid[1]}",

@@ -100,6 +100,7 @@ FAULT = {
         "afterword.tasks.errors.TaskJournalCorrupt",
         "afterword.legacy.formats.MigrationError",
         "afterword.cli.tasks.JournalUnavailable",
+        "afterword.clients.mcp_sdk.McpSdkUnavailable",
         "afterword.worker.loop.BindingInvalid",
         "afterword.worker.loop.Fallback",
     ],

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -116,6 +117,12 @@ def test_node_host_runs_one_turn_end_to_end(node: str, sidecar: tuple[Server, Pa
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert token.read_text() not in done.stdout + done.stderr  # the capability is never shown
     lines = done.stdout.splitlines()
+    # The split TypeScript SDK 2.x negotiates the revision: the stateless 2026-07-28 one with a
+    # Python server on SDK 2.x, the initialize handshake with one on 1.x.
+    (mcp_line,) = [line for line in lines if line.startswith("[mcp] ")]
+    assert "by @modelcontextprotocol/client" in mcp_line, mcp_line
+    modern = not version("mcp").startswith("1.")
+    assert ("(protocol 2026-07-28, modern era)" in mcp_line) == modern, mcp_line
     assert any(line.startswith("[tool] start_job returned: accepted: job ") for line in lines), done.stdout
     assert any("active claims: c_" in line for line in lines), done.stdout
     (answer,) = [line for line in lines if line.startswith(f"[later answer -> {reply_to}] ")]

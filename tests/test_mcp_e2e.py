@@ -17,17 +17,17 @@ from typing import Any
 import anyio
 import pytest
 from _service import ENV, free_port, load, outbox_lines, write_config
-from mcp import types
 
 import afterword
 from afterword.app.service import ContinuationService
 from afterword.config import Config
 from afterword.continuations.model import Continuation
-from afterword.mcp_host import connect_servers, settle_run
+from afterword.mcp_host import connect_servers, sdk_line, settle_run, tool_outcome
 from afterword.protocol.views import status_body
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
 WAIT_S = 30.0
+STATELESS_REVISION = "2026-07-28"
 # Values an operator (or a model, via a config it could influence) copied into the MCP config:
 # the host must discard them and write the real ones last.
 COPIED_ENV = {
@@ -49,8 +49,8 @@ MODEL_ROUTING = {
 }
 
 
-def text_of(result: types.CallToolResult) -> str:
-    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+def text_of(result: Any) -> str:
+    return tool_outcome(result).text
 
 
 def continuation_id(text: str) -> str:
@@ -99,17 +99,27 @@ async def one_run(
     job: str,
     errlog: Any = None,
     tokens: list[str] | None = None,
+    routing: dict[str, str] = MODEL_ROUTING,
+    server_line: int | None = None,
 ) -> tuple[str, Continuation]:
+    """One run's turn against the "work-control" server; ``server_line`` is the server's SDK
+    line when it differs from the host's (the stateless revision needs 2.x on both ends)."""
     binding = service.begin_run(run_id, f"{reply_to}#2030-01-01", reply_to)
     if tokens is not None:
         tokens.append(binding.stdio_env("work-control")["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"])
     async with connect_servers(binding, config, ["work-control"], errlog=errlog) as sessions:
+        if sdk_line() == 2:
+            # The stateless revision (no session, no handshake): the capability still arrives,
+            # in the environment (stdio) or in this request's own headers (HTTP). A 1.x server
+            # answers the 2.x client's fallback handshake instead.
+            stateless = sessions["work-control"].protocol_version == STATELESS_REVISION
+            assert stateless == ((server_line or 2) == 2)
         recorder.runs_in_call.add(run_id)
         result = await sessions["work-control"].call_tool(
-            "start_job", {"job": job, "seconds": 0.2, **MODEL_ROUTING}
+            "start_job", {"job": job, "seconds": 0.2, **routing}
         )
         recorder.runs_in_call.discard(run_id)
-        assert not result.isError, text_of(result)
+        assert not tool_outcome(result).failed, text_of(result)
         assert text_of(result).startswith("accepted")
         cid = continuation_id(text_of(result))
         assert recorder.created_while_call_open[cid] is True  # claimed during the call
@@ -163,6 +173,19 @@ async def test_stdio_server_claims_during_a_real_tool_call(tmp_path: Path) -> No
     assert tokens and tokens[0] not in server_log
 
 
+def wait_port(proc: subprocess.Popen[bytes], port: int) -> None:
+    """Wait until an example HTTP server listens on ``port``; fail if it exits first."""
+    give_up = time.monotonic() + WAIT_S
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > give_up:
+                raise RuntimeError(f"example HTTP server did not start (exit {proc.poll()})") from None
+            time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[str]:
     """The example server as a loopback streamable-HTTP server on a free port."""
@@ -173,15 +196,7 @@ def http_server() -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     try:
-        give_up = time.monotonic() + WAIT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > give_up:
-                    raise RuntimeError(f"example HTTP server did not start (exit {proc.poll()})") from None
-                time.sleep(0.05)
+        wait_port(proc, port)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()

@@ -4,6 +4,8 @@ re-checked before anything starts, and the settle order (abandon when the commit
 from __future__ import annotations
 
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import msgspec
@@ -85,6 +87,63 @@ async def test_http_client_headers(tmp_path: Path) -> None:
             assert client.headers["authorization"] == "Bearer server-own-credential"
         with pytest.raises(McpHostError):
             http_client(binding, config.mcp_servers["plain"])
+
+
+class HeaderRecorder:
+    """A loopback HTTP listener that records the headers of every request it receives."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, list[str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received: dict[str, list[str]] = {}
+                for name, value in self.headers.items():
+                    received.setdefault(name.lower(), []).append(value)
+                outer.seen.append(received)
+                self.send_response(204)
+                self.end_headers()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/mcp"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.anyio
+async def test_reserved_headers_are_written_after_every_per_request_header_layer(tmp_path: Path) -> None:
+    """The SDK merges its per-request headers (on 2.x also Mcp-Param-* mirrored from tool
+    arguments a model chose) over the client's defaults; a reserved name in any of those
+    layers must not reach the server, and the run's own values must."""
+    recorder = HeaderRecorder()
+    try:
+        both = {**servers(), "web": {"url": recorder.url}, "other": {"url": recorder.url}}
+        config = load(write_config(tmp_path, servers=both, selected=["web"]))
+        async with afterword.open_service(config, environ=ENV, serve_http=False, run_worker=False) as service:
+            binding = service.begin_run("run-1", "local:chat", "local:chat")
+            bound = {k: v for k, v in binding.http_headers("web").items() if k in RESERVED_HEADERS}
+            assert len(bound) == 4
+            per_request = {**COPIED_HEADERS, "X-MONO-AGENT-CONTINUATION-CLAIM-MODE": "capture"}
+            async with http_client(binding, config.mcp_servers["web"]) as client:
+                await client.post(recorder.url, content=b"{}", headers=per_request)
+            async with http_client(binding, config.mcp_servers["other"]) as client:
+                await client.post(recorder.url, content=b"{}", headers=per_request)
+        selected, unselected = recorder.seen
+        for name, value in bound.items():
+            assert selected[name] == [value]
+        assert not set(unselected) & set(RESERVED_HEADERS)
+        # Headers that are not reserved pass through untouched.
+        assert selected["authorization"] == unselected["authorization"] == ["Bearer server-own-credential"]
+    finally:
+        recorder.close()
 
 
 @pytest.mark.parametrize("bad", ["remote", "legacy"])

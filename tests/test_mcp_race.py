@@ -15,14 +15,14 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from _service import ENV, load, write_config
-from mcp import types
 
 import afterword
-from afterword.mcp_host import connect_servers, settle_run
+from afterword.mcp_host import connect_servers, settle_run, tool_outcome
 
 WAIT_S = 30.0
 SLOW_SERVER = textwrap.dedent(
@@ -32,11 +32,15 @@ SLOW_SERVER = textwrap.dedent(
     from pathlib import Path
 
     import anyio
-    from mcp.server.fastmcp import Context, FastMCP
+
+    try:
+        from mcp.server.mcpserver import Context, MCPServer
+    except ImportError:  # SDK 1.x
+        from mcp.server.fastmcp import Context, FastMCP as MCPServer
 
     from afterword.producer import CapabilityClosed, ClaimCapability, Producer, task_hash
 
-    server = FastMCP("slow", log_level="WARNING")
+    server = MCPServer("slow", log_level="WARNING")
 
 
     @server.tool()
@@ -63,8 +67,8 @@ SLOW_SERVER = textwrap.dedent(
 HISTORY = [{"role": "user", "content": "slow job"}, {"role": "assistant", "content": "on it"}]
 
 
-def text_of(result: types.CallToolResult) -> str:
-    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+def text_of(result: Any) -> str:
+    return tool_outcome(result).text
 
 
 async def wait_file(path: Path) -> None:

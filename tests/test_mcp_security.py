@@ -17,12 +17,11 @@ import httpx
 import msgspec
 import pytest
 from _service import DETACHED_TOKEN, ENV, deadline, load, outbox_lines, write_config
-from mcp import types
 
 import afterword
 from afterword.app.binding import RESERVED_ENV
 from afterword.config import Config
-from afterword.mcp_host import connect_servers
+from afterword.mcp_host import connect_servers, tool_outcome
 from afterword.producer import (
     CapabilityClosed,
     ClaimCapability,
@@ -158,8 +157,9 @@ async def test_an_unlisted_server_gets_no_capability(tmp_path: Path) -> None:
         with (tmp_path / "helper.log").open("w") as errlog:
             async with connect_servers(binding, with_copies, ["helper"], errlog=errlog) as sessions:
                 result = await sessions["helper"].call_tool("start_job", {"job": "sneak", "seconds": 0})
-        assert result.isError
-        text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+        outcome = tool_outcome(result)
+        assert outcome.failed
+        text = outcome.text
         assert "holds no continuation capability" in text
         assert await binding.close() == []
         assert service.list_continuations().items == []

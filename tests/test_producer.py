@@ -175,6 +175,27 @@ def test_mcp_context_over_http_uses_only_the_request_headers() -> None:
     assert cap is not None and cap.token == "env-token"
 
 
+def test_mcp_context_of_every_framework_and_low_level_handler() -> None:
+    env = dict(zip(RESERVED_ENV, (CLAIM_URL, "env-token", "fp-env", "reply"), strict=True))
+    headers = dict(zip(RESERVED_HEADERS, (CLAIM_URL, TOKEN, "fp-1", "reply"), strict=True))
+    # A low-level Server handler (SDK 2.x ServerRequestContext, 1.x RequestContext) is given
+    # the request context itself: its request's headers are the capability, not the env.
+    low_level = SimpleNamespace(request=SimpleNamespace(headers=headers))
+    assert ClaimCapability.from_mcp_context(low_level, env) == CAP
+    assert ClaimCapability.from_mcp_context(SimpleNamespace(request=None), env) == ClaimCapability.from_env(env)
+
+    class OutsideARequest:  # MCPServer's Context (SDK 2.x) when no request is being handled
+        @property
+        def request_context(self) -> object:
+            raise ValueError("Context is not available outside of a request")
+
+    cap = ClaimCapability.from_mcp_context(OutsideARequest(), env)
+    assert cap is not None and cap.token == "env-token"
+    # FastMCP 4's Context before a session exists: no request context at all.
+    cap = ClaimCapability.from_mcp_context(SimpleNamespace(request_context=None), env)
+    assert cap is not None and cap.token == "env-token"
+
+
 # -- requests, retries, refusals ---------------------------------------------------------------
 @pytest.mark.anyio
 async def test_claim_request_shape() -> None:

@@ -7,7 +7,8 @@ lifecycle step is printed as it happens; then the delivered answer, its receipt 
 health. A detached claim on a named route follows, as a deterministic service would make it.
 
 The example server and reference host live in ``examples/`` of the source checkout, which is
-where an editable install (``pip install -e .``) runs from.
+where an editable install (``pip install -e '.[mcp]'``) runs from. They need the MCP SDK (the
+``mcp`` extra, either SDK line); ``afterword demo`` without it says so and exits 2.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ async def run_demo(keep: bool, *, console: Console | None = None) -> int:
     if not (EXAMPLES / "work_control_server.py").is_file():
         console.print(
             f"afterword demo: {EXAMPLES} is missing; the demo runs from a source checkout "
-            "(git clone ... && pip install -e . && afterword demo)"
+            "(git clone ... && pip install -e '.[mcp]' && afterword demo)"
         )
         return 2
     host = _load_example("reference_host")

@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the whole flow end to end in a temporary directory",
         description="Start the real service on embedded defaults in a temporary directory, run a "
         "scripted agent turn whose MCP tool claims a continuation, and show the later answer "
-        "being delivered (about 5-40 seconds, mostly starting Python processes).",
+        "being delivered (about 5-40 seconds, mostly starting Python processes). Needs the MCP "
+        "SDK: pip install 'afterword[mcp]' (docs/mcp.md).",
     )
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
     demo.set_defaults(func=cmd_demo)
@@ -86,8 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_demo(args: argparse.Namespace) -> int:
     import anyio
 
-    from .demo import run_demo
+    from ..clients.mcp_sdk import McpSdkUnavailable
 
+    try:
+        from .demo import run_demo
+    except McpSdkUnavailable as exc:
+        # The demo runs a real MCP server and client; the SDK is an optional extra.
+        raise CliError(f"the demo runs a real MCP server and client: {exc}", 2, "mcp_unavailable") from None
     return anyio.run(run_demo, args.keep)
 
 

@@ -74,13 +74,31 @@ class ClaimCapability:
 
     @classmethod
     def from_mcp_context(cls, ctx: Any, environ: Mapping[str, str] | None = None) -> Self | None:
-        """The capability for the MCP request behind ``ctx`` (a FastMCP ``Context``).
+        """The capability for the MCP request behind ``ctx``.
 
-        Over HTTP only that request's headers count, never the process environment, so one
-        run's capability cannot leak into another run's request; over stdio the environment
-        the host spawned this process with is the binding.
+        ``ctx`` is what the server framework hands a tool: the ``Context`` of ``MCPServer``
+        (SDK 2.x), of ``FastMCP`` (SDK 1.x) or of FastMCP 4, or the request context a
+        low-level ``Server`` handler receives (either line). Over HTTP only that request's
+        headers count, never the process environment, so one run's capability cannot leak
+        into another run's request; over stdio the environment the host spawned this
+        process with is the binding.
         """
-        request = getattr(getattr(ctx, "request_context", None), "request", None)
+        request = _request_of(ctx)
         if request is not None and hasattr(request, "headers"):
             return cls.from_headers(request.headers)
         return cls.from_env(environ)
+
+
+def _request_of(ctx: Any) -> Any:
+    """The transport request (an HTTP request, or None over stdio) behind a tool's context.
+
+    The framework contexts wrap the SDK's request context in ``request_context``; a low-level
+    handler is given that request context itself, which holds ``request`` directly. Outside a
+    request ``MCPServer``'s context raises ``ValueError`` and FastMCP 4's returns None: no
+    request, so no headers.
+    """
+    try:
+        inner = getattr(ctx, "request_context", ctx)
+    except ValueError:
+        return None
+    return getattr(inner, "request", None)

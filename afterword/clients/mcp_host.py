@@ -14,6 +14,11 @@ every other server is started with those names removed from its configured envir
 headers, so a value copied into the MCP config (or by a model into a tool argument) carries
 no authority. The selection is checked again before any server starts: a remote HTTP or SSE
 server never gets a capability, even from a hand-built :class:`~afterword.config.Config`.
+
+The SDK is the ``afterword[mcp]`` extra, on either line (2.x primary, 1.x from 1.24): what
+differs between them is in :mod:`._mcp_v2` and :mod:`._mcp_v1`, picked by
+:mod:`.mcp_sdk` from the installed version (docs/mcp.md). Importing this module without the
+SDK raises :class:`~afterword.clients.mcp_sdk.McpSdkUnavailable` (an ``ImportError``).
 """
 
 from __future__ import annotations
@@ -22,32 +27,45 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import anyio
-import httpx
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import get_default_environment, stdio_client
-from mcp.client.streamable_http import streamable_http_client
 
 from ..app.binding import RunBinding
 from ..config import Config, ConfigError, McpServer, is_loopback_url, select_continuation_servers
 from ..errors import CallerError
+from ..protocol.headers import RESERVED_HEADERS
+from .mcp_sdk import RequestHook, load
+
+if TYPE_CHECKING:
+    import httpx
+    import httpx2
+    from mcp import ClientSession, StdioServerParameters
 
 __all__ = [
     "McpHostError",
     "Settlement",
+    "ToolOutcome",
     "check_selection",
     "connect_servers",
     "http_client",
     "open_session",
+    "sdk_line",
     "settle_run",
     "stdio_parameters",
+    "tool_outcome",
 ]
 
+_sdk = load()
+
 # The SDK's own defaults: connect/write within 30 s, and a response stream may stay quiet for
-# up to 5 minutes while a tool works.
-HTTP_TIMEOUT = httpx.Timeout(30.0, read=300.0)
+# up to 5 minutes while a tool works (an httpx2.Timeout on 2.x, an httpx.Timeout on 1.x).
+HTTP_TIMEOUT = _sdk.HTTP_TIMEOUT
+
+
+def sdk_line() -> int:
+    """The major version of the MCP SDK these helpers run on: 2 (primary) or 1."""
+    return _sdk.LINE
 
 
 class McpHostError(CallerError):
@@ -81,19 +99,40 @@ def stdio_parameters(
     """
     if server.transport != "stdio" or not server.command:
         raise McpHostError(f"server {server.name!r} is not a stdio server")
-    base = dict(get_default_environment() if inherit is None else inherit)
+    base = dict(_sdk.default_environment() if inherit is None else inherit)
     base.update(server.env)
     env = binding.stdio_env(server.name, base)
-    return StdioServerParameters(command=server.command, args=list(server.args), env=env, cwd=server.cwd)
+    return _sdk.stdio_parameters(server.command, list(server.args), env, server.cwd)
+
+
+def _pin_reserved(pinned: Mapping[str, str]) -> RequestHook:
+    """A request hook that writes the reserved headers last, on every request.
+
+    The client's default headers are only the first layer: the SDK adds its own per request
+    (``Mcp-Method``, ``Mcp-Name``, ``Mcp-Param-*`` mirrored from tool arguments on 2.x) and a
+    caller may pass more. Whatever those layers hold under a reserved name is dropped here,
+    after they were merged, and the run's own values (none for an unselected server) are set.
+    """
+
+    async def hook(request: Any) -> None:
+        for name in RESERVED_HEADERS:
+            if name in request.headers:
+                del request.headers[name]
+        request.headers.update(pinned)
+
+    return hook
 
 
 def http_client(
-    binding: RunBinding, server: McpServer, *, timeout: httpx.Timeout = HTTP_TIMEOUT
-) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` for a streamable-HTTP server, with the run's reserved headers.
+    binding: RunBinding, server: McpServer, *, timeout: httpx2.Timeout | httpx.Timeout = HTTP_TIMEOUT
+) -> httpx2.AsyncClient | httpx.AsyncClient:
+    """An async HTTP client for a streamable-HTTP server, with the run's reserved headers.
 
-    The client never follows redirects and ignores proxy environment variables: either would
-    carry the capability headers somewhere other than the configured loopback URL.
+    It is the HTTP stack of the installed SDK line (``httpx2.AsyncClient`` on 2.x,
+    ``httpx.AsyncClient`` on 1.x), and ``timeout`` is that stack's ``Timeout``. The reserved
+    headers are written on every request after all other headers were merged. The client
+    never follows redirects and ignores proxy environment variables: either would carry the
+    capability headers somewhere other than the configured loopback URL.
     """
     if server.transport != "http" or not server.url:
         raise McpHostError(f"server {server.name!r} is not a streamable HTTP server")
@@ -103,7 +142,12 @@ def http_client(
             f"server {server.name!r} is not on a loopback address; it may not receive continuation authority",
         )
     headers = binding.http_headers(server.name, server.headers)
-    return httpx.AsyncClient(headers=headers, timeout=timeout, follow_redirects=False, trust_env=False)
+    pinned = binding.http_headers(server.name, {})
+    return _sdk.new_http_client(headers, _pin_reserved(pinned), timeout)
+
+
+def _seconds(timeout: timedelta | float | None) -> float | None:
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
 
 
 @asynccontextmanager
@@ -112,37 +156,30 @@ async def open_session(
     server: McpServer,
     *,
     errlog: TextIO | None = None,
-    read_timeout: timedelta | None = None,
+    read_timeout: timedelta | float | None = None,
     **session_options: Any,
 ) -> AsyncIterator[ClientSession]:
-    """Start one MCP client for this run and yield its initialized ``ClientSession``.
+    """Start one MCP client for this run and yield its ready ``ClientSession``.
 
-    ``errlog`` receives a stdio server's stderr (a real file; default: ours).
-    ``session_options`` go to ``ClientSession`` (``logging_callback``, ``message_handler``...).
+    On SDK 2.x the client negotiates the protocol revision (``server/discover``, falling back
+    to ``initialize``); on 1.x it sends ``initialize``. ``errlog`` receives a stdio server's
+    stderr (a real file; default: ours). ``read_timeout`` bounds each response (seconds or a
+    ``timedelta``). ``session_options`` go to the SDK's client: ``mcp.Client`` on 2.x,
+    ``ClientSession`` on 1.x (``logging_callback``, ``message_handler``, ``client_info``...).
     """
     async with AsyncExitStack() as stack:
         if server.transport == "stdio":
-            params = stdio_parameters(binding, server)
-            if errlog is not None:
-                read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-            else:
-                read, write = await stack.enter_async_context(stdio_client(params))
+            transport = _sdk.stdio_transport(stdio_parameters(binding, server), errlog)
         elif server.transport == "http":
             client = await stack.enter_async_context(http_client(binding, server))
             assert server.url is not None
-            read, write, _ = await stack.enter_async_context(
-                streamable_http_client(server.url, http_client=client)
-            )
+            transport = _sdk.http_transport(server.url, client)
         else:
             raise McpHostError(
                 f"server {server.name!r} uses {server.transport}; these helpers start stdio and "
                 "streamable HTTP servers only"
             )
-        session = await stack.enter_async_context(
-            ClientSession(read, write, read_timeout_seconds=read_timeout, **session_options)
-        )
-        await session.initialize()
-        yield session
+        yield await _sdk.start_session(stack, transport, _seconds(read_timeout), session_options)
 
 
 @asynccontextmanager
@@ -152,7 +189,7 @@ async def connect_servers(
     names: Sequence[str] | None = None,
     *,
     errlog: TextIO | None = None,
-    read_timeout: timedelta | None = None,
+    read_timeout: timedelta | float | None = None,
 ) -> AsyncIterator[dict[str, ClientSession]]:
     """Start MCP clients for ``names`` (default: every configured server) for this run.
 
@@ -181,6 +218,20 @@ async def connect_servers(
                 open_session(binding, server, errlog=errlog, read_timeout=read_timeout)
             )
         yield sessions
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """A tool call's text blocks joined, and whether the server marked the result an error."""
+
+    text: str
+    failed: bool
+
+
+def tool_outcome(result: Any) -> ToolOutcome:
+    """Read a ``CallToolResult`` of either SDK line (2.x says ``is_error``, 1.x ``isError``)."""
+    text, failed = _sdk.tool_result(result)
+    return ToolOutcome(text=text, failed=failed)
 
 
 @dataclass(frozen=True)

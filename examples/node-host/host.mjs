@@ -2,8 +2,9 @@
 //
 // One scripted turn, the model replaced by a script (as in examples/reference_host.py):
 //   1. bind the run over the host API: one claim capability per selected MCP server;
-//   2. start examples/work_control_server.py over stdio with the official MCP SDK, its
-//      environment carrying the reserved claim values from the host API;
+//   2. start examples/work_control_server.py over stdio with the official MCP SDK 2.x
+//      (@modelcontextprotocol/client), its environment carrying the reserved claim values
+//      from the host API;
 //   3. the "model" calls start_job; the server claims a continuation and answers "accepted";
 //   4. the tool calls have settled: close, finalize (pin the conversation), commit, activate;
 //   5. the job finishes, afterword synthesizes one answer and delivers it to the outbox;
@@ -18,8 +19,10 @@ import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+// The split MCP TypeScript SDK 2.x: the client package (the 1.x monolith
+// @modelcontextprotocol/sdk is no longer used; docs/mcp.md, "TypeScript").
+import { Client } from "@modelcontextprotocol/client";
+import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 
 import { HostClient } from "../../clients/typescript/dist/src/index.js";
 
@@ -79,10 +82,21 @@ async function main() {
     env: run.stdioEnv(SERVER, { PYTHONUNBUFFERED: "1" }),
     stderr: "inherit",
   });
-  const mcp = new Client({ name: "afterword-node-host", version: "0.1.0" });
+  // "auto": the 2026-07-28 revision (server/discover) when the server speaks it, else the
+  // initialize handshake, so a Python server on either SDK line answers. On stdio the SDK
+  // probes with a short-lived sibling process spawned from the same parameters (the same
+  // trusted server, same environment); it makes no tool call, so it claims nothing.
+  const mcp = new Client(
+    { name: "afterword-node-host", version: "0.1.0" },
+    { versionNegotiation: { mode: "auto" } },
+  );
   await mcp.connect(transport);
   try {
-    step("mcp", `${SERVER} started over stdio by @modelcontextprotocol/sdk with the reserved environment`);
+    step(
+      "mcp",
+      `${SERVER} started over stdio by @modelcontextprotocol/client with the reserved environment ` +
+        `(protocol ${mcp.getNegotiatedProtocolVersion()}, ${mcp.getProtocolEra()} era)`,
+    );
     const job = opts.text.replace(/^Please /, "").replace(/[.!?]+$/, "");
     step("tool", `model calls start_job(${JSON.stringify({ job, seconds: 0.5 })})`);
     const result = await mcp.callTool({ name: "start_job", arguments: { job, seconds: 0.5 } });
