@@ -302,7 +302,8 @@ def test_readme_opens_with_what_it_is_then_the_two_commands() -> None:
     assert f"Python {requires} or newer" in body[3]
     commands = body[fence + 1 : body.index("```", fence + 1)]
     assert len(commands) == 2
-    assert commands[0].endswith("pip install -e . && afterword demo")
+    # The demo's server and host run on the MCP SDK, which is the `mcp` extra (docs/mcp.md).
+    assert commands[0].endswith("pip install -e '.[mcp]' && afterword demo")
     assert commands[1].endswith("pip install -e '.[test]' && python -m pytest -q")
     after = " ".join(body[body.index("```", fence + 1) + 1 :][:4])
     assert re.search(r"the test suite\s+without the tests marked `slow`: about \d+ minutes", after)
