@@ -67,6 +67,7 @@ from .processes import (
     signal_name,
     spawn_failure,
     spawned,
+    task_file_fault,
     terminate,
     unsupervised_end,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "signal_name",
     "spawn_failure",
     "spawned",
+    "task_file_fault",
     "terminate",
     "turn_began",
     "turn_ended",

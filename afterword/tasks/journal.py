@@ -222,20 +222,36 @@ class TaskJournal:
         check_task_id(task_id)
         return f"{OUTPUT_DIR}/{task_id}.out"
 
+    def task_file_fault(self, task_id: str, exc: UnsafeStateError) -> str | None:
+        """Why ``exc`` concerns only this task's own files, or None when it is the journal's.
+
+        The command writes into its capture file and can reach it (``/proc/self/fd/1``): a
+        chmod or a hard link there is the task's doing and may only fail that task. A rule
+        broken by a directory, the log or another task's file stays the journal's fault.
+        """
+        own = {self.root.path(self.output_path(task_id)), self.root.path(self.exit_status_path(task_id))}
+        if exc.path not in own or exc.rule == "missing":
+            return None
+        name = "output" if exc.path.endswith(".out") else "exit status"
+        return f"its {name} file was changed from outside the journal ({exc.rule}) and is not trusted"
+
     def read_output_tail(self, task: TaskRecord, max_bytes: int) -> OutputExcerpt:
-        """The last ``max_bytes`` of the captured output (fail-closed reads via the seam)."""
+        """The last ``max_bytes`` of the captured output (fail-closed reads via the seam).
+
+        A capture file the task itself tampered with reads as no output, with the reason in
+        ``unavailable``; a fault of the journal's own state raises.
+        """
         try:
             handle = self.root.open_file(task.output_path)
         except UnsafeStateError as exc:
-            if exc.rule != "missing":
-                raise
-            return OutputExcerpt(text="", excerpt_bytes=0, total_bytes=task.output_bytes,
-                                 truncated=task.output_bytes > 0)
+            return self._no_output(task, exc)
         try:
             size = self.root.disk.fstat(handle.fd).st_size
             take = min(size, max_bytes)
             data = self.root.pread(handle, take, size - take)
             self.root.check_identity(handle)
+        except UnsafeStateError as exc:
+            return self._no_output(task, exc)
         finally:
             self.root.close(handle)
         total = max(task.output_bytes, size)
@@ -245,6 +261,13 @@ class TaskJournal:
             total_bytes=total,
             truncated=len(data) < total or task.output_truncated,
         )
+
+    def _no_output(self, task: TaskRecord, exc: UnsafeStateError) -> OutputExcerpt:
+        fault = self.task_file_fault(task.task_id, exc)
+        if exc.rule != "missing" and fault is None:
+            raise exc
+        return OutputExcerpt(text="", excerpt_bytes=0, total_bytes=task.output_bytes,
+                             truncated=task.output_bytes > 0, unavailable=fault)
 
     def __repr__(self) -> str:
         return f"<TaskJournal tasks={len(self._task_records)} sessions={len(self.sessions())}>"

@@ -217,6 +217,14 @@ def terminate(
     )
 
 
+def task_file_fault(outcome: Outcome, fault: str) -> Outcome:
+    """The task tampered with its own capture or exit-status file: that fails the task (and
+    only it), keeping what is known of how the process ended."""
+    error = fault if outcome.error is None else f"{fault}; {outcome.error}"
+    state: TaskState = outcome.state if outcome.state in ("killed", "cancelled", "lost") else "failed"
+    return Outcome(state=state, exit_code=outcome.exit_code, signal=outcome.signal, error=error)
+
+
 def signal_name(number: int | None) -> str | None:
     if number is None:
         return None

@@ -32,6 +32,7 @@ class OutputExcerpt(msgspec.Struct, frozen=True, kw_only=True):
     excerpt_bytes: int  # bytes of output the text was decoded from
     total_bytes: int  # everything the process printed
     truncated: bool  # the text is not the whole output
+    unavailable: str | None = None  # why no output could be read (the task tampered with it)
 
 
 class TaskFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,6 +54,7 @@ class UntrustedOutput(msgspec.Struct, frozen=True, kw_only=True):
     excerpt_bytes: int
     total_bytes: int
     truncated: bool
+    unavailable: str | None = None
 
 
 class NotificationBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +120,7 @@ def render_notification(task: TaskRecord, excerpt: OutputExcerpt) -> Message:
             excerpt_bytes=excerpt.excerpt_bytes,
             total_bytes=excerpt.total_bytes,
             truncated=excerpt.truncated,
+            unavailable=excerpt.unavailable,
         ),
     )
     return Message(

@@ -21,7 +21,7 @@ running commands are adopted by the next start).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -112,7 +112,7 @@ class TaskRuntime:
 
     async def start_task(
         self, session_id: str, call: ToolCall, command: Sequence[str], *, notify: NotifyPolicy = "on_exit",
-        cwd: str | None = None,
+        cwd: str | None = None, env: Mapping[str, str] | None = None,
     ) -> TaskRecord:
         """Start a background command on behalf of tool call ``call`` (from a tool executor)."""
-        return await self.supervisor.start(session_id, call.id, command, notify=notify, cwd=cwd)
+        return await self.supervisor.start(session_id, call.id, command, notify=notify, cwd=cwd, env=env)

@@ -39,6 +39,7 @@ from typing import Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from ..disk import UnsafeStateError
 from . import core, procinfo
 from .children import (
     DEFAULT_MAX_OUTPUT,
@@ -218,21 +219,29 @@ class ProcessSupervisor:
             # if the supervisor is shutting down around us.
             with anyio.CancelScope(shield=True):
                 self._procs.pop(task_id, None)
-                status = self._read_status(task_id)
-                if status is None and returncode < 0:
+                status, fault = self._read_status(task_id)
+                if status is None and fault is None and returncode < 0:
                     # The wrapper itself was killed: make sure its command does not live on.
                     signal_group(process.pid, signal.SIGKILL)
-                await self._record_end(task_id, status, returncode)
+                await self._record_end(task_id, status, returncode, fault=fault)
         finally:
             self._procs.pop(task_id, None)
             if process.returncode is None:
                 _detached.append(process)  # left running for the next life to adopt
 
-    def _read_status(self, task_id: str) -> core.ExitStatus | None:
-        return read_exit_status(self.journal.root, task_id)
+    def _read_status(self, task_id: str) -> tuple[core.ExitStatus | None, str | None]:
+        """The wrapper's record, or why the task's own status file cannot be trusted."""
+        try:
+            return read_exit_status(self.journal.root, task_id), None
+        except UnsafeStateError as exc:
+            fault = self.journal.task_file_fault(task_id, exc)
+            if fault is None:
+                raise  # the journal's own state: fail closed
+            return None, fault
 
     async def _record_end(
-        self, task_id: str, status: core.ExitStatus | None, returncode: int | None
+        self, task_id: str, status: core.ExitStatus | None, returncode: int | None, *,
+        fault: str | None = None,
     ) -> TaskRecord:
         task = self.journal.require(task_id)
         if status is not None:
@@ -243,12 +252,21 @@ class ProcessSupervisor:
             )
         else:
             outcome = core.unsupervised_end(task)
+        if fault is not None:
+            outcome = core.task_file_fault(outcome, fault)
         return await self._terminate(task_id, outcome, exact=status is not None or returncode is not None)
 
     async def _terminate(self, task_id: str, outcome: core.Outcome, *, exact: bool) -> TaskRecord:
-        total, truncated = await anyio.to_thread.run_sync(
-            bound_output, self.journal.root, self.journal.output_path(task_id), self.max_output_bytes
-        )
+        try:
+            total, truncated = await anyio.to_thread.run_sync(
+                bound_output, self.journal.root, self.journal.output_path(task_id), self.max_output_bytes
+            )
+        except UnsafeStateError as exc:
+            fault = self.journal.task_file_fault(task_id, exc)
+            if fault is None:
+                raise  # the journal's own state: fail closed
+            # The capture is not read or cut: the task alone pays for what it did to it.
+            outcome, total, truncated = core.task_file_fault(outcome, fault), 0, True
         return await self.journal.update(
             task_id,
             lambda t: core.terminate(
@@ -267,8 +285,10 @@ class ProcessSupervisor:
             if task.state != "running" or task.task_id in self._procs or task.task_id in self._adopted:
                 continue
             probe = procinfo.probe(task.pid, task.process_identity) if task.pid is not None else "unknown"
-            status = self._read_status(task.task_id) if probe != "alive" else None
+            status, fault = self._read_status(task.task_id) if probe != "alive" else (None, None)
             action, outcome = core.recovery_action(task, probe, status)
+            if fault is not None and outcome is not None:
+                outcome = core.task_file_fault(outcome, fault)
             if action == "adopt":
                 changed.append(await self.journal.update(task.task_id, core.adopted))
                 self._adopted.add(task.task_id)
@@ -286,7 +306,8 @@ class ProcessSupervisor:
                 assert task.pid is not None
                 if procinfo.probe(task.pid, task.process_identity) != "alive":
                     with anyio.CancelScope(shield=True):
-                        await self._record_end(task_id, self._read_status(task_id), None)
+                        status, fault = self._read_status(task_id)
+                        await self._record_end(task_id, status, None, fault=fault)
                     return
                 await anyio.sleep(self.poll_interval)
         finally:
