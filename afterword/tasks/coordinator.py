@@ -230,11 +230,21 @@ class ExecutionCoordinator:
                 # Interrupted or failed midway: an unanswered call would block the session.
                 with anyio.CancelScope(shield=True):
                     for call in left:
-                        await self.processor.commit_tool_result(
-                            session_id,
-                            tool_result_message(call, ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)),
-                        )
+                        await self._answer_interrupted(session_id, call)
         return written
+
+    async def _answer_interrupted(self, session_id: str, call: ToolCall) -> Message:
+        """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
+        started = [t.task_id for t in self.processor.tasks_of_call(session_id, call.id)]
+        text = INTERRUPTED_TOOL_RESULT
+        if started:
+            text += (
+                f" It started background task(s) {', '.join(started)}; how each ends is reported"
+                " in a separate notification."
+            )
+        message = tool_result_message(call, ToolResult(content=text, is_error=True))
+        await self.processor.commit_interrupted(session_id, message)
+        return message
 
     async def close_open_calls(self, session_id: str) -> list[Message]:
         """Answer tool calls a turn of this coordinator left open when it crashed (recovery):
@@ -246,10 +256,7 @@ class ExecutionCoordinator:
             window = await self.runner.history.latest(session_id, self.runner.context_limit)
             still_open = open_tool_calls(window)
             calls = [c for m in window for c in m.calls() if c.id in still_open]
-            result = ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)
-            messages = [tool_result_message(c, result) for c in calls]
-            for message in messages:
-                await self.processor.commit_tool_result(session_id, message)
+            messages = [await self._answer_interrupted(session_id, c) for c in calls]
             await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
             return messages
 

@@ -109,6 +109,7 @@ __all__ = [
     "new_task",
     "notification_id_for",
     "prepare_commit",
+    "prepare_interrupted",
     "recorded_end",
     "recovery_action",
     "request_cancel",
@@ -152,6 +153,16 @@ def prepare_commit(task: TaskRecord, *, tool_result_id: str, reported_terminal: 
         handed_off=not reported_terminal,
         terminal_reported=task.event_id if reported_terminal else None,
     )
+
+
+def prepare_interrupted(task: TaskRecord, *, tool_result_id: str) -> TaskRecord:
+    """The call's own result never reached the conversation and a stand-in ("interrupted")
+    answers it instead. Whatever the lost result was going to report, the stand-in reports
+    nothing, so the task is handed off and its end gets a notification (decided from what was
+    written, not from what was prepared)."""
+    if task.committed:
+        return task
+    return _replace(task, tool_result_id=tool_result_id, handed_off=True, terminal_reported=None)
 
 
 def commit(task: TaskRecord, *, now: float) -> TaskRecord:
