@@ -16,6 +16,7 @@ from .core import (
     notification_id_for,
 )
 from .errors import InvalidTransition, SupervisorError, TaskError, TaskJournalCorrupt, UnknownTaskError
+from .events import SessionEvent
 from .journal import TaskJournal
 from .notifications import FaultHook, TaskNotifications
 from .records import (
@@ -52,6 +53,7 @@ __all__ = [
     "OutputExcerpt",
     "ProcessSupervisor",
     "SessionControl",
+    "SessionEvent",
     "SupervisorError",
     "TaskError",
     "TaskJournal",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -38,6 +38,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ..history import Message, ToolCall, open_tool_calls
 from . import core
+from .events import STALLED_REASONS, EventSink, SessionEvent, emit
 from .journal import TaskJournal
 from .notifications import TaskNotifications
 from .records import GoalState, SessionControl, TaskRecord
@@ -47,6 +48,10 @@ from .turns import TurnOutcome, TurnRunner, describe_error
 
 DEFAULT_MAX_TOOL_ROUNDS = 16
 INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
+ROUND_LIMIT_TOOL_RESULT = (
+    "The tool call was not run: this turn reached its limit of {limit} tool rounds. "
+    "It can be made again in a later turn."
+)
 
 
 class WakeResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,8 +91,11 @@ class ExecutionCoordinator:
         tools: the host's tool executor; without one, a turn stops at the first tool call and
             returns it in ``TurnResult.open_calls`` for the host to answer.
         processor: commits tool results (one over the runner's history by default).
-        max_tool_rounds: tool rounds one turn may run before it stops and reports open calls.
+        max_tool_rounds: tool rounds one turn may run; at the limit the calls of the last
+            step are answered as not run and the turn ends (``TurnResult.stopped``).
         retry_delay: seconds before retrying a failed automatic step, by failure count.
+        on_event: the host's callback for automatic turns, new notifications and stalled
+            sessions (see :class:`SessionEvent`); it must not block.
     """
 
     def __init__(
@@ -101,6 +109,7 @@ class ExecutionCoordinator:
         max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
         clock: Callable[[], float] = time.time,
         retry_delay: Callable[[int], float] = default_retry_delay,
+        on_event: EventSink | None = None,
     ) -> None:
         self.journal = journal
         self.notifications = notifications
@@ -110,6 +119,8 @@ class ExecutionCoordinator:
         self.max_tool_rounds = max_tool_rounds
         self.clock = clock
         self.retry_delay = retry_delay
+        self.on_event = on_event
+        notifications.on_delivered = self._on_delivered
         self._rewake: set[str] = set()
         self._auto_scopes: dict[str, anyio.CancelScope] = {}
         self._send: MemoryObjectSendStream[str] | None = None
@@ -191,16 +202,24 @@ class ExecutionCoordinator:
         steps = [await self.runner.step(session_id, user_message)]
         results: list[Message] = []
         open_calls: list[ToolCall] = []
+        stopped: str | None = None
         while steps[-1].succeeded:
             open_calls = await self._unanswered(session_id, steps[-1])
-            if not open_calls or self.tools is None or len(steps) > self.max_tool_rounds:
+            if not open_calls or self.tools is None:
+                break
+            if len(steps) > self.max_tool_rounds:
+                # A call left open would block every later step of the session: close them.
+                with anyio.CancelScope(shield=True):
+                    for call in open_calls:
+                        results.append(await self._answer_interrupted(session_id, call, limit=True))
+                open_calls, stopped = [], "max_tool_rounds"
                 break
             results += await self._answer(session_id, open_calls)
             open_calls = []
             steps.append(await self.runner.step(session_id, None))
         return TurnResult(
             session_id=session_id, steps=tuple(steps), tool_results=tuple(results),
-            open_calls=tuple(open_calls),
+            open_calls=tuple(open_calls), stopped=stopped,
         )
 
     async def _unanswered(self, session_id: str, outcome: TurnOutcome) -> list[ToolCall]:
@@ -233,10 +252,10 @@ class ExecutionCoordinator:
                         await self._answer_interrupted(session_id, call)
         return written
 
-    async def _answer_interrupted(self, session_id: str, call: ToolCall) -> Message:
+    async def _answer_interrupted(self, session_id: str, call: ToolCall, *, limit: bool = False) -> Message:
         """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
         started = [t.task_id for t in self.processor.tasks_of_call(session_id, call.id)]
-        text = INTERRUPTED_TOOL_RESULT
+        text = ROUND_LIMIT_TOOL_RESULT.format(limit=self.max_tool_rounds) if limit else INTERRUPTED_TOOL_RESULT
         if started:
             text += (
                 f" It started background task(s) {', '.join(started)}; how each ends is reported"
@@ -259,6 +278,9 @@ class ExecutionCoordinator:
             messages = [await self._answer_interrupted(session_id, c) for c in calls]
             await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
             return messages
+
+    def _on_delivered(self, session_id: str, messages: Sequence[Message]) -> None:
+        emit(self.on_event, SessionEvent(session_id=session_id, kind="notifications", messages=tuple(messages)))
 
     def _after_turn(self, session_id: str) -> None:
         if session_id in self._rewake:
@@ -321,10 +343,18 @@ class ExecutionCoordinator:
 
     async def _auto(self, session_id: str) -> None:
         result = await self.wake(session_id)
+        if result.outcome is not None:
+            emit(self.on_event, SessionEvent(
+                session_id=session_id, kind="automatic_turn", reason=result.reason, turn=result.outcome
+            ))
+        elif result.reason in STALLED_REASONS:
+            emit(self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason=result.reason))
         if result.outcome is None or result.outcome.succeeded:
             return
         control = self.journal.control(session_id)
-        if not control.awaiting_user and self._tg is not None:
+        if control.awaiting_user:
+            emit(self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason="retries_exhausted"))
+        elif self._tg is not None:
             self._tg.start_soon(self._retry_later, session_id, self.retry_delay(control.model_failures))
 
     async def _retry_later(self, session_id: str, delay: float) -> None:

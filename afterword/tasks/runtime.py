@@ -31,6 +31,7 @@ from ..history import BoundaryHistory, DurableHistory, Message, ToolCall
 from ..store import RecordStore
 from .compaction import Compaction
 from .coordinator import ExecutionCoordinator, WakeResult
+from .events import EventSink
 from .journal import TaskJournal
 from .notifications import TaskNotifications
 from .records import NotifyPolicy, TaskRecord
@@ -66,6 +67,7 @@ class TaskRuntime:
         clock: Callable[[], float] = time.time,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT,
         max_model_failures: int = 3,
+        on_event: EventSink | None = None,
     ) -> AsyncIterator[TaskRuntime]:
         """Build everything over ``store``, recover, start the background loop.
 
@@ -73,6 +75,9 @@ class TaskRuntime:
             model_step: ``(session_id, context) -> replies``.
             make_tools: builds the host's tool executor from the runtime (it usually needs
                 ``runtime.start_task``); without one, turns stop at tool calls and report them.
+            on_event: called with a :class:`SessionEvent` for every automatic turn, every
+                notification written and every session that cannot advance by itself; it
+                runs on the runtime's tasks and must not block.
         """
         journal = TaskJournal(store)
         history = history if history is not None else DurableHistory(store)
@@ -81,7 +86,9 @@ class TaskRuntime:
         runner = TurnRunner(
             history, journal, notifications, model_step, clock=clock, max_model_failures=max_model_failures
         )
-        coordinator = ExecutionCoordinator(journal, notifications, runner, processor=processor, clock=clock)
+        coordinator = ExecutionCoordinator(
+            journal, notifications, runner, processor=processor, clock=clock, on_event=on_event
+        )
         supervisor = ProcessSupervisor(journal, clock=clock, on_exit=on_exit, max_output_bytes=max_output_bytes)
         async with supervisor:  # step 1
             runtime = cls(

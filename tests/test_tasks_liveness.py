@@ -1,0 +1,98 @@
+"""A session never wedges, and when it cannot move on the host hears of it (issue 30).
+
+Point 3: a turn closes every call it opened, also at the tool-round limit; the background
+loop passes automatic turns, new notifications and stalls to the host's ``on_event``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import pytest
+
+from afterword.history import Message, ToolCall, open_tool_calls
+from afterword.tasks import (
+    NOTIFICATION_KIND,
+    ExecutionCoordinator,
+    SessionEvent,
+    TaskNotifications,
+    TurnRunner,
+    core,
+)
+from tests.test_tasks_toolloop import Script, Tools, opened
+
+
+class Looping:
+    """A model that calls a tool at every step, forever."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def __call__(self, session_id: str, context: Sequence[Message]) -> list[Message]:
+        self.n += 1
+        call = ToolCall(id=f"{session_id}-loop{self.n}", name="inspect", arguments="{}")
+        return [Message(id=f"{session_id}-m{self.n}", role="assistant", content="", tool_calls=(call,))]
+
+
+@pytest.mark.anyio
+async def test_the_round_limit_closes_the_calls_it_did_not_run(state_dir: str) -> None:
+    """Issue 30, point 3: a turn at max_tool_rounds used to leave its last call open, and every
+    later wake answered tool_call_open."""
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+        runner = TurnRunner(history, journal, notes, Looping())
+        coord = ExecutionCoordinator(journal, notes, runner, tools=Tools(journal), max_tool_rounds=2)
+        result = await coord.user_turn("s", Message(id="u", role="user", content="go"))
+        assert len(result.steps) == 3 and result.stopped == "max_tool_rounds" and result.open_calls == ()
+        last = result.tool_results[-1]
+        assert last.meta.get("is_error") is True and "limit of 2 tool rounds" in last.content
+        messages = await history.latest("s", 50)
+        assert not open_tool_calls(messages) and messages[-1].id == last.id
+        assert (await coord.wake("s")).reason == "nothing_pending"  # not tool_call_open
+
+
+@pytest.mark.anyio
+async def test_a_session_that_cannot_advance_tells_the_host(state_dir: str) -> None:
+    """Without an executor an automatic turn leaves its call for the host: the background loop
+    reports the turn, then that the session is stalled, instead of discarding both."""
+    events: list[SessionEvent] = []
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+        runner = TurnRunner(history, journal, notes, Script())
+        coord = ExecutionCoordinator(journal, notes, runner, on_event=events.append)
+        first = await coord.user_turn("s", Message(id="u", role="user", content="go"))
+        (call,) = first.open_calls
+        await coord.processor.commit_tool_result(
+            "s", Message(id="r", role="tool", content="started", tool_call_id=call.id)
+        )
+        await journal.create(
+            core.new_task(
+                task_id="t1", session_id="s", tool_call_id="other", command=["make"], notify="on_exit",
+                cwd=None, output_path=journal.output_path("t1"), now=1.0,
+            )
+        )
+        await journal.update("t1", lambda t: core.prepare_commit(t, tool_result_id="r1", reported_terminal=False))
+        await history.append("s", [
+            Message(id="a-other", role="assistant", content="", tool_calls=(ToolCall(id="other"),)),
+            Message(id="r1", role="tool", content="started", tool_call_id="other"),
+        ])
+        await journal.update("t1", lambda t: core.commit(t, now=1.5))
+        async with anyio.create_task_group() as tg:
+            await tg.start(coord.run)
+            await journal.update("t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+            with anyio.fail_after(10):
+                while not any(e.kind == "automatic_turn" for e in events):
+                    await anyio.sleep(0.01)
+            coord._post("s")  # the next wake finds the automatic turn's call still open
+            with anyio.fail_after(10):
+                while not any(e.kind == "stalled" for e in events):
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    kinds = [e.kind for e in events]
+    assert kinds.index("notifications") < kinds.index("automatic_turn") < kinds.index("stalled")
+    (note,) = next(e for e in events if e.kind == "notifications").messages
+    assert note.meta.get("kind") == NOTIFICATION_KIND
+    auto = next(e for e in events if e.kind == "automatic_turn").turn
+    assert auto is not None and [c.name for c in auto.open_calls] == ["inspect"]
+    assert next(e for e in events if e.kind == "stalled").reason == "tool_call_open"
