@@ -15,7 +15,14 @@ from .core import (
     handoff_references,
     notification_id_for,
 )
-from .errors import InvalidTransition, SupervisorError, TaskError, TaskJournalCorrupt, UnknownTaskError
+from .errors import (
+    CompactionRefused,
+    InvalidTransition,
+    SupervisorError,
+    TaskError,
+    TaskJournalCorrupt,
+    UnknownTaskError,
+)
 from .events import SessionEvent
 from .journal import TaskJournal
 from .notifications import FaultHook, TaskNotifications
@@ -40,6 +47,7 @@ __all__ = [
     "NOTIFICATION_KIND",
     "TERMINAL_STATES",
     "Compaction",
+    "CompactionRefused",
     "Decision",
     "ExecutionCoordinator",
     "FaultHook",

@@ -38,6 +38,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ..history import Message, ToolCall, open_tool_calls
 from . import core
+from .compaction import Compaction
 from .events import STALLED_REASONS, EventSink, SessionEvent, emit
 from .journal import TaskJournal
 from .notifications import TaskNotifications
@@ -82,6 +83,12 @@ class HostTurn:
         return await self.coordinator.processor.commit_tool_result(
             self.session_id, result, reported_terminal=reported_terminal
         )
+
+    async def compact(self, summary: str, *, handoff_id: str) -> Message:
+        """Write a compaction handoff between steps of this turn (never inside a call/result
+        pair: :class:`CompactionRefused` while a call waits for its result)."""
+        compaction = Compaction(self.coordinator.journal, self.coordinator.notifications.history)
+        return await compaction.handoff_locked(self.session_id, summary, handoff_id=handoff_id)
 
 
 class ExecutionCoordinator:

@@ -93,7 +93,7 @@ class TaskRuntime:
         async with supervisor:  # step 1
             runtime = cls(
                 journal=journal, history=history, supervisor=supervisor, processor=processor,
-                notifications=notifications, runner=runner, compaction=Compaction(journal, history),
+                notifications=notifications, runner=runner, compaction=Compaction(journal, history, runner=runner),
                 coordinator=coordinator,
             )
             if make_tools is not None:

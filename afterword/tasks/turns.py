@@ -80,11 +80,22 @@ class TaskTurnHook:
 
 
 def context_since_handoff(window: Sequence[Message]) -> list[Message]:
-    """The model's context: everything from the latest compaction handoff on."""
+    """The model's context: everything from the latest compaction handoff on, without tool
+    results whose call is not in it (cut off by the window, or by a handoff an older version
+    wrote between a call and its result): providers reject a result without its call."""
+    start = 0
     for index in range(len(window) - 1, -1, -1):
         if window[index].meta.get("kind") == core.HANDOFF_KIND:
-            return list(window[index:])
-    return list(window)
+            start = index
+            break
+    opened: set[str] = set()
+    context: list[Message] = []
+    for message in window[start:]:
+        if message.role == "tool" and message.tool_call_id not in opened:
+            continue
+        opened.update(message.call_ids())
+        context.append(message)
+    return context
 
 
 class TurnRunner:
