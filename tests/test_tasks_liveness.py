@@ -96,3 +96,43 @@ async def test_a_session_that_cannot_advance_tells_the_host(state_dir: str) -> N
     auto = next(e for e in events if e.kind == "automatic_turn").turn
     assert auto is not None and [c.name for c in auto.open_calls] == ["inspect"]
     assert next(e for e in events if e.kind == "stalled").reason == "tool_call_open"
+
+
+class FailsAfterTool(Script):
+    """Like :class:`Script`, but the first step after a tool result fails (a provider error)."""
+
+    failures: int = 1
+
+    async def __call__(self, session_id: str, context: Sequence[Message]) -> list[Message]:
+        if context[-1].role == "tool" and self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("provider timeout")
+        return await super().__call__(session_id, context)
+
+
+@pytest.mark.anyio
+async def test_a_turn_whose_later_step_fails_keeps_the_notification(state_dir: str) -> None:
+    """Issue 30, point 5: the first step (which called a tool about the notification) used to
+    mark the task consumed although the turn's answer never came."""
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+        model = FailsAfterTool()
+        tools = Tools(journal)
+        coord = ExecutionCoordinator(journal, notes, TurnRunner(history, journal, notes, model), tools=tools)
+        model.failures = 0
+        await coord.user_turn("s", Message(id="u", role="user", content="go"))
+        assert tools.task_id is not None
+        model.failures = 1
+        await journal.update(
+            tools.task_id, lambda t: core.terminate(t, core.Outcome(state="failed", exit_code=2), now=2.0)
+        )
+        woke = await coord.wake("s")
+        assert woke.ran and woke.outcome is not None and not woke.outcome.succeeded
+        assert woke.outcome.consumed == ()
+        task = journal.require(tools.task_id)
+        assert task.delivered and not task.consumed
+        assert task.continuation_error is not None and "provider timeout" in task.continuation_error
+        retry = await coord.wake("s")  # what the background loop's retry does
+        assert retry.ran and retry.outcome is not None and retry.outcome.succeeded
+        assert retry.outcome.consumed == (tools.task_id,)
+        assert journal.require(tools.task_id).consumed

@@ -72,10 +72,15 @@ class HostTurn:
     def __init__(self, coordinator: ExecutionCoordinator, session_id: str) -> None:
         self.coordinator = coordinator
         self.session_id = session_id
+        self.steps: list[TurnOutcome] = []
 
     async def step(self, user_message: Message | None = None) -> TurnOutcome:
-        """One model step (the first with the user's message, later ones after tool results)."""
-        return await self.coordinator.runner.step(self.session_id, user_message)
+        """One model step (the first with the user's message, later ones after tool results).
+
+        What the steps saw is consumed when the block ends after a successful last step."""
+        outcome = await self.coordinator.runner.step(self.session_id, user_message, consume=False)
+        self.steps.append(outcome)
+        return outcome
 
     async def commit_tool_result(
         self, result: Message, *, reported_terminal: Collection[str] = ()
@@ -189,9 +194,23 @@ class ExecutionCoordinator:
         """
         async with self.runner.lock(session_id):
             try:
-                yield HostTurn(self, session_id)
+                host = HostTurn(self, session_id)
+                yield host
+                await self._settle(host.steps)
             finally:
                 self._after_turn(session_id)
+
+    async def _settle(self, steps: Sequence[TurnOutcome]) -> tuple[str, ...]:
+        """Consumption belongs to the turn: what any step saw is handled only if the turn's
+        last step succeeded; otherwise every seen task keeps the error (invariant 5)."""
+        if not steps:
+            return ()
+        seen = list(dict.fromkeys(t for s in steps for t in s.seen))
+        last = steps[-1]
+        if last.succeeded:
+            return tuple(t.task_id for t in await self.runner.hook.succeeded(seen))
+        await self.runner.hook.failed(seen, last.error or "the turn's last model step failed")
+        return ()
 
     async def _turn(self, session_id: str, user_message: Message | None) -> TurnResult:
         if self.tools is None:
@@ -206,7 +225,7 @@ class ExecutionCoordinator:
                 await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
 
     async def _loop(self, session_id: str, user_message: Message | None) -> TurnResult:
-        steps = [await self.runner.step(session_id, user_message)]
+        steps = [await self.runner.step(session_id, user_message, consume=False)]
         results: list[Message] = []
         open_calls: list[ToolCall] = []
         stopped: str | None = None
@@ -223,10 +242,11 @@ class ExecutionCoordinator:
                 break
             results += await self._answer(session_id, open_calls)
             open_calls = []
-            steps.append(await self.runner.step(session_id, None))
+            steps.append(await self.runner.step(session_id, None, consume=False))
+        consumed = await self._settle(steps)
         return TurnResult(
             session_id=session_id, steps=tuple(steps), tool_results=tuple(results),
-            open_calls=tuple(open_calls), stopped=stopped,
+            open_calls=tuple(open_calls), stopped=stopped, consumed=consumed,
         )
 
     async def _unanswered(self, session_id: str, outcome: TurnOutcome) -> list[ToolCall]:

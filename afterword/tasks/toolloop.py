@@ -70,6 +70,7 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     tool_results: tuple[Message, ...] = ()
     open_calls: tuple[ToolCall, ...] = ()
     stopped: str | None = None  # "max_tool_rounds": the turn ended at the limit
+    consumed: tuple[str, ...] = ()  # tasks the turn handled (its last step succeeded)
 
     @property
     def succeeded(self) -> bool:
@@ -82,10 +83,6 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def replies(self) -> tuple[Message, ...]:
         return tuple(m for s in self.steps for m in s.replies)
-
-    @property
-    def consumed(self) -> tuple[str, ...]:
-        return tuple(t for s in self.steps for t in s.consumed)
 
     @property
     def delivered(self) -> tuple[str, ...]:
