@@ -186,6 +186,15 @@ def recovery_action(
     return "end", _unaccounted(task, LOST_VANISHED)
 
 
+def leftovers_stopped(outcome: Outcome, count: int) -> Outcome:
+    """A task about to be recorded as ``lost`` still had processes running: they were stopped
+    first, so nothing it does happens after the journal gave up on it."""
+    if count == 0:
+        return outcome
+    note = f"{count} process(es) of its group were still running and were killed before this was recorded"
+    return msgspec.structs.replace(outcome, error=f"{outcome.error}; {note}" if outcome.error else note)
+
+
 def unsupervised_end(task: TaskRecord) -> Outcome:
     """An adopted process disappeared: nobody could wait() for it, so its status is unknown."""
     return _unaccounted(task, LOST_UNSUPERVISED_EXIT)

@@ -279,23 +279,64 @@ class ProcessSupervisor:
     # -- recovery ------------------------------------------------------------------------------
     async def recover(self) -> list[TaskRecord]:
         """Account for tasks left ``running`` by a previous life: adopt them or end them."""
-        group = self._group()
         changed: list[TaskRecord] = []
         for task in self.journal.tasks():
             if task.state != "running" or task.task_id in self._procs or task.task_id in self._adopted:
                 continue
+            if task.pid is None:
+                task = await self._find_unrecorded(task)
             probe = procinfo.probe(task.pid, task.process_identity) if task.pid is not None else "unknown"
             status, fault = self._read_status(task.task_id) if probe != "alive" else (None, None)
             action, outcome = core.recovery_action(task, probe, status)
             if fault is not None and outcome is not None:
                 outcome = core.task_file_fault(outcome, fault)
             if action == "adopt":
-                changed.append(await self.journal.update(task.task_id, core.adopted))
-                self._adopted.add(task.task_id)
-                group.start_soon(self._watch_adopted, task.task_id)
+                changed.append(await self._adopt(task.task_id))
             elif action == "end" and outcome is not None:
-                changed.append(await self._terminate(task.task_id, outcome, exact=status is not None))
+                if status is None and fault is None:
+                    ended = await self._end_unaccounted(task.task_id, outcome)
+                    changed.append(ended if ended is not None else await self._adopt(task.task_id))
+                else:
+                    changed.append(await self._terminate(task.task_id, outcome, exact=status is not None))
         return changed
+
+    async def _adopt(self, task_id: str) -> TaskRecord:
+        record = await self.journal.update(task_id, core.adopted)
+        self._adopted.add(task_id)
+        self._group().start_soon(self._watch_adopted, task_id)
+        return record
+
+    async def _find_unrecorded(self, task: TaskRecord) -> TaskRecord:
+        """A task whose pid never became durable: its wrapper, if it runs, names the task's
+        status file on its command line; found, it is recorded and can be adopted."""
+        status = self.journal.root.path(TaskJournal.exit_status_path(task.task_id))
+        pid = procinfo.find_by_argument(status)
+        identity = procinfo.process_identity(pid) if pid is not None else None
+        if pid is None or identity is None:
+            return task
+        return await self.journal.update(
+            task.task_id, lambda t: core.spawned(t, pid=pid, identity=identity, now=self.clock())
+        )
+
+    async def _end_unaccounted(self, task_id: str, outcome: core.Outcome) -> TaskRecord | None:
+        """Record an end nobody observed (``lost``) only once nothing of the task still runs.
+
+        The wrapper is gone, but the command it started may live on in its process group:
+        those processes are killed first. None if some survive; the task stays ``running``
+        and is followed until they are gone.
+        """
+        task = self.journal.require(task_id)
+        if task.pid is None:
+            return await self._terminate(task_id, outcome, exact=False)
+        stopped = procinfo.leftovers(task.pid, task.process_identity)
+        if stopped:
+            signal_group(task.pid, signal.SIGKILL)
+            with anyio.move_on_after(self.kill_grace):
+                while procinfo.leftovers(task.pid, task.process_identity):
+                    await anyio.sleep(min(self.poll_interval, 0.05))
+            if procinfo.leftovers(task.pid, task.process_identity):
+                return None
+        return await self._terminate(task_id, core.leftovers_stopped(outcome, len(stopped)), exact=False)
 
     async def _watch_adopted(self, task_id: str) -> None:
         try:
@@ -307,8 +348,11 @@ class ProcessSupervisor:
                 if procinfo.probe(task.pid, task.process_identity) != "alive":
                     with anyio.CancelScope(shield=True):
                         status, fault = self._read_status(task_id)
-                        await self._record_end(task_id, status, None, fault=fault)
-                    return
+                        if status is not None or fault is not None:
+                            await self._record_end(task_id, status, None, fault=fault)
+                            return
+                        if await self._end_unaccounted(task_id, core.unsupervised_end(task)) is not None:
+                            return
                 await anyio.sleep(self.poll_interval)
         finally:
             self._adopted.discard(task_id)
