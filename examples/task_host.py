@@ -14,6 +14,10 @@ What happens, all through ``TaskRuntime``:
 Run it (a temporary state directory is used unless ``--state-dir`` is given)::
 
     python examples/task_host.py
+
+Message and tool call ids must be unique within a conversation (the history refuses a reused
+one), so every id here carries a random part: running twice on one ``--state-dir`` continues
+the same conversation with a second request.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import json
 import sys
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,10 +49,11 @@ class ScriptedModel:
 
     def __init__(self) -> None:
         self.steps = 0
+        self.run = uuid.uuid4().hex[:8]  # ids unique across runs on one state directory
 
     async def __call__(self, session_id: str, context: Sequence[Message]) -> list[Message]:
         self.steps += 1
-        last, n = context[-1], self.steps
+        last, n = context[-1], f"{self.run}-{self.steps}"
         if last.meta.get("kind") == NOTIFICATION_KIND:
             task = parse_notification(last).task
             call = ToolCall(id=f"call-{n}", name="read_output", arguments=json.dumps({"task_id": task.task_id}))
@@ -87,9 +93,11 @@ async def main(state_dir: str) -> int:
     with RecordStore.open(state_dir) as store:
         async with TaskRuntime.open(store, ScriptedModel(), make_tools=make_tools, on_exit="stop") as rt:
             say("user turn: 'please run the tests'")
-            turn = await rt.user_turn(SESSION, Message(id="u1", role="user", content="please run the tests"))
+            request = Message(id=f"u-{uuid.uuid4().hex}", role="user", content="please run the tests")
+            turn = await rt.user_turn(SESSION, request)
             say(f"user turn done: {len(turn.steps)} model steps, {len(turn.tool_results)} tool result(s)")
-            (task,) = rt.journal.tasks(SESSION)
+            (call,) = turn.steps[0].replies[0].calls()
+            (task,) = rt.processor.tasks_of_call(SESSION, call.id)
             with anyio.fail_after(30):
                 # consumed is marked by the automatic turn's first step; wait for the whole turn
                 while not rt.journal.require(task.task_id).consumed or rt.coordinator.busy(SESSION):
