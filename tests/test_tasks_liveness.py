@@ -17,6 +17,7 @@ from afterword.tasks import (
     ExecutionCoordinator,
     SessionEvent,
     TaskNotifications,
+    ToolResult,
     TurnRunner,
     core,
 )
@@ -136,3 +137,30 @@ async def test_a_turn_whose_later_step_fails_keeps_the_notification(state_dir: s
         assert retry.ran and retry.outcome is not None and retry.outcome.succeeded
         assert retry.outcome.consumed == (tools.task_id,)
         assert journal.require(tools.task_id).consumed
+
+
+@pytest.mark.anyio
+async def test_a_tool_that_reports_an_end_too_early_keeps_its_answer(state_dir: str) -> None:
+    """Issue 30, point 8: the false report made user_turn raise InvalidTransition and replaced
+    the tool's answer with "interrupted"."""
+
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+        tools = Tools(journal)
+
+        async def eager(session_id: str, call: ToolCall) -> ToolResult:
+            started = await tools(session_id, call)
+            if call.name != "start":
+                return started
+            assert tools.task_id is not None
+            return ToolResult(content="the build passed", reported_terminal=(tools.task_id, "task_not_mine"))
+
+        coord = ExecutionCoordinator(journal, notes, TurnRunner(history, journal, notes, Script()), tools=eager)
+        result = await coord.user_turn("s", Message(id="u", role="user", content="go"))
+        assert result.succeeded and [m.content for m in result.tool_results] == ["the build passed"]
+        assert tools.task_id is not None
+        task = journal.require(tools.task_id)
+        assert task.committed and task.handed_off and task.terminal_reported is None
+        await journal.update(tools.task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+        woke = await coord.wake("s")  # so the real end is notified and handled
+        assert woke.ran and woke.outcome is not None and woke.outcome.consumed == (tools.task_id,)

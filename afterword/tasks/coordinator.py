@@ -26,6 +26,7 @@ schedules a retry after a failed automatic step until the retry limit stops it.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -47,6 +48,7 @@ from .toolcalls import ToolCallProcessor
 from .toolloop import ToolExecutor, ToolResult, TurnResult, tool_result_message
 from .turns import TurnOutcome, TurnRunner, describe_error
 
+_log = logging.getLogger(__name__)
 DEFAULT_MAX_TOOL_ROUNDS = 16
 INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
 ROUND_LIMIT_TOOL_RESULT = (
@@ -266,7 +268,7 @@ class ExecutionCoordinator:
                     result = ToolResult(content=f"The tool failed: {describe_error(exc)}", is_error=True)
                 message = tool_result_message(call, result)
                 await self.processor.commit_tool_result(
-                    session_id, message, reported_terminal=result.reported_terminal
+                    session_id, message, reported_terminal=self._reports(session_id, call, result)
                 )
                 written.append(message)
         finally:
@@ -278,6 +280,22 @@ class ExecutionCoordinator:
                     for call in left:
                         await self._answer_interrupted(session_id, call)
         return written
+
+    def _reports(self, session_id: str, call: ToolCall, result: ToolResult) -> list[str]:
+        """The tool's claims that its result reports a task's end, minus the false ones.
+
+        A claim about a task that has not ended (or that this call did not start) is refused
+        and the tool's answer kept: that task stays handed off and is notified when it ends.
+        """
+        tasks = {t.task_id: t for t in self.processor.tasks_of_call(session_id, call.id)}
+        kept = [i for i in result.reported_terminal if i in tasks and core.is_terminal(tasks[i])]
+        refused = sorted(set(result.reported_terminal) - set(kept))
+        if refused:
+            _log.warning(
+                "session %r, tool %r: refused the report of %s as ended (not ended, or not started "
+                "by this call); they will be notified when they end", session_id, call.name, refused
+            )
+        return kept
 
     async def _answer_interrupted(self, session_id: str, call: ToolCall, *, limit: bool = False) -> Message:
         """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
