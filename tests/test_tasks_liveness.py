@@ -164,3 +164,52 @@ async def test_a_tool_that_reports_an_end_too_early_keeps_its_answer(state_dir: 
         await journal.update(tools.task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
         woke = await coord.wake("s")  # so the real end is notified and handled
         assert woke.ran and woke.outcome is not None and woke.outcome.consumed == (tools.task_id,)
+
+
+@pytest.mark.anyio
+async def test_tasks_ending_together_get_one_automatic_turn(state_dir: str) -> None:
+    """Issue 30, point 9: ten ends within 80 ms gave 2-4 turns. The background loop now waits
+    a window after a session's first change; the window is stepped here, not timed."""
+    events: list[SessionEvent] = []
+    window_open = anyio.Event()
+    window_passes = anyio.Event()
+
+    async def window(seconds: float) -> None:
+        window_open.set()
+        await window_passes.wait()
+
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+        model = Script()
+        coord = ExecutionCoordinator(
+            journal, notes, TurnRunner(history, journal, notes, model), tools=Tools(journal),
+            on_event=events.append, sleep=window,
+        )
+        ids = [f"t{i}" for i in range(10)]
+        for task_id in ids:
+            await journal.create(
+                core.new_task(
+                    task_id=task_id, session_id="s", tool_call_id="c", command=["make"], notify="on_exit",
+                    cwd=None, output_path=journal.output_path(task_id), now=1.0,
+                )
+            )
+        await history.append("s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))])
+        await coord.processor.commit_tool_result("s", Message(id="r", role="tool", content="started", tool_call_id="c"))
+        async with anyio.create_task_group() as tg:
+            await tg.start(coord.run)
+            await window_open.wait()  # the commit opened the session's window
+            for task_id in ids:  # ten ends while it is open
+                await journal.update(
+                    task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+                )
+            window_passes.set()
+            with anyio.fail_after(10):
+                while not all(journal.require(t).consumed for t in ids) or coord.busy("s"):
+                    await anyio.sleep(0.01)
+            for _ in range(50):  # let any further wake run to its answer
+                await anyio.sleep(0)
+            tg.cancel_scope.cancel()
+    turns = [e for e in events if e.kind == "automatic_turn"]
+    assert len(turns) == 1 and turns[0].turn is not None and sorted(turns[0].turn.consumed) == ids
+    (batch,) = [e for e in events if e.kind == "notifications"]
+    assert len(batch.messages) == 10

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -50,6 +50,9 @@ from .turns import TurnOutcome, TurnRunner, describe_error
 
 _log = logging.getLogger(__name__)
 DEFAULT_MAX_TOOL_ROUNDS = 16
+# Tasks of one session often end together (a batch of tests, a build fanning out): the first
+# end opens a window this long, and everything that ends within it is one automatic turn.
+DEFAULT_COALESCE_WINDOW = 0.1
 INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
 ROUND_LIMIT_TOOL_RESULT = (
     "The tool call was not run: this turn reached its limit of {limit} tool rounds. "
@@ -110,6 +113,9 @@ class ExecutionCoordinator:
         retry_delay: seconds before retrying a failed automatic step, by failure count.
         on_event: the host's callback for automatic turns, new notifications and stalled
             sessions (see :class:`SessionEvent`); it must not block.
+        coalesce_window: seconds the background loop waits after a session's first change
+            before waking it, so ends that arrive together are handled by one turn.
+        sleep: how the loop waits out that window (injected by tests to step it).
     """
 
     def __init__(
@@ -124,6 +130,8 @@ class ExecutionCoordinator:
         clock: Callable[[], float] = time.time,
         retry_delay: Callable[[int], float] = default_retry_delay,
         on_event: EventSink | None = None,
+        coalesce_window: float = DEFAULT_COALESCE_WINDOW,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self.journal = journal
         self.notifications = notifications
@@ -134,6 +142,9 @@ class ExecutionCoordinator:
         self.clock = clock
         self.retry_delay = retry_delay
         self.on_event = on_event
+        self.coalesce_window = coalesce_window
+        self._sleep = sleep
+        self._gathering: set[str] = set()
         notifications.on_delivered = self._on_delivered
         self._rewake: set[str] = set()
         self._auto_scopes: dict[str, anyio.CancelScope] = {}
@@ -380,11 +391,21 @@ class ExecutionCoordinator:
                     send.send_nowait(session_id)
                 task_status.started()
                 async for session_id in receive:
-                    tg.start_soon(self._auto, session_id)
+                    if session_id not in self._gathering:  # else it joins the waiting wake
+                        self._gathering.add(session_id)
+                        tg.start_soon(self._coalesced, session_id)
         finally:
             unsubscribe()
             self._send, self._tg = None, None
             send.close()
+
+    async def _coalesced(self, session_id: str) -> None:
+        """Wake ``session_id`` once its window has passed; posts meanwhile add nothing."""
+        try:
+            await self._sleep(self.coalesce_window)
+        finally:
+            self._gathering.discard(session_id)  # a change from now on opens a new window
+        await self._auto(session_id)
 
     async def _auto(self, session_id: str) -> None:
         result = await self.wake(session_id)
