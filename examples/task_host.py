@@ -34,7 +34,14 @@ import anyio
 
 from afterword.history import Message, ToolCall
 from afterword.store import RecordStore
-from afterword.tasks import NOTIFICATION_KIND, TaskRuntime, ToolExecutor, ToolResult, parse_notification
+from afterword.tasks import (
+    NOTIFICATION_KIND,
+    TaskRuntime,
+    ToolExecutor,
+    ToolResult,
+    frame_output,
+    parse_notification,
+)
 
 SESSION = "demo-session"
 COMMAND = ["sh", "-c", "sleep 0.5; echo 3 passed"]
@@ -62,7 +69,9 @@ class ScriptedModel:
             call = ToolCall(id=f"call-{n}", name="run_in_background", arguments=json.dumps({"command": COMMAND}))
             reply = Message(id=f"m{n}", role="assistant", content="", tool_calls=(call,))
         elif last.role == "tool" and last.meta.get("tool_name") == "read_output":
-            reply = Message(id=f"m{n}", role="assistant", content=f"The tests finished: {last.content.strip()}.")
+            # The output arrives framed as untrusted data: a preamble, then one line of JSON.
+            printed = json.loads(last.content.splitlines()[1])["untrusted_process_output"]["text"]
+            reply = Message(id=f"m{n}", role="assistant", content=f"The tests finished: {printed.strip()}.")
         else:
             reply = Message(id=f"m{n}", role="assistant", content="The tests are running; I will report back.")
         for call in reply.calls():
@@ -80,10 +89,10 @@ def make_tools(runtime: TaskRuntime) -> ToolExecutor:
             say(f"  tool    -> started {task.task_id} (pid {task.pid}) in the background")
             return ToolResult(content=f"started task {task.task_id} in the background")
         if call.name == "read_output":
-            task = runtime.journal.require(args["task_id"])
-            text = runtime.journal.read_output_tail(task, 4096).text
-            say(f"  tool    -> output of {task.task_id}: {text.strip()!r}")
-            return ToolResult(content=text)
+            # What the task printed since the last read, framed so the model treats it as data.
+            chunk = runtime.read_new_output(args["task_id"])
+            say(f"  tool    -> output of {args['task_id']}: {chunk.text.strip()!r}")
+            return ToolResult(content=frame_output(args["task_id"], chunk))
         return ToolResult(content=f"unknown tool {call.name}", is_error=True)
 
     return execute

@@ -35,7 +35,14 @@ from .records import (
     TaskReference,
     TaskState,
 )
-from .render import NotificationBody, OutputExcerpt, parse_notification, render_notification
+from .render import (
+    NotificationBody,
+    OutputChunk,
+    OutputExcerpt,
+    frame_output,
+    parse_notification,
+    render_notification,
+)
 from .runtime import TaskRuntime
 from .supervisor import ProcessSupervisor
 from .toolcalls import ToolCallProcessor
@@ -58,6 +65,7 @@ __all__ = [
     "NotificationBody",
     "NotifyPolicy",
     "Outcome",
+    "OutputChunk",
     "OutputExcerpt",
     "ProcessSupervisor",
     "SessionControl",
@@ -84,6 +92,7 @@ __all__ = [
     "continuation_decision",
     "eligible",
     "event_id_for",
+    "frame_output",
     "handoff_references",
     "notification_id_for",
     "parse_notification",

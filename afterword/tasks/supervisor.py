@@ -40,7 +40,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..disk import UnsafeStateError
-from . import core, procinfo
+from . import core, processes, procinfo
 from .children import (
     DEFAULT_MAX_OUTPUT,
     MARKER_SLACK,
@@ -165,11 +165,14 @@ class ProcessSupervisor:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         task_id: str | None = None,
+        timeout: float | None = None,
     ) -> TaskRecord:
         """Record, then spawn, a background command. Returns the task as recorded.
 
         A command that cannot be spawned ends as ``failed`` with the reason (at once if even
-        the wrapper cannot start, otherwise as soon as the wrapper reports it).
+        the wrapper cannot start, otherwise as soon as the wrapper reports it). With
+        ``timeout`` (seconds), a command still running then is stopped like a cancel but
+        ends ``killed`` with the timeout as its error, and is notified.
         """
         group = self._group()
         task_id = task_id or self.new_id()
@@ -183,6 +186,7 @@ class ProcessSupervisor:
             cwd=cwd,
             output_path=rel,
             now=self.clock(),
+            timeout=timeout,
         )
         await self.journal.create(record)
         root = self.journal.root
@@ -209,7 +213,18 @@ class ProcessSupervisor:
             group.start_soon(self._watch, task_id, process)
             raise
         group.start_soon(self._watch, task_id, process)
+        self._arm_timeout(recorded)
         return recorded
+
+    def _arm_timeout(self, task: TaskRecord) -> None:
+        if task.timeout_at is not None and task.state == "running":
+            self._group().start_soon(self._timeout, task.task_id, task.timeout_at)
+
+    async def _timeout(self, task_id: str, at: float) -> None:
+        await anyio.sleep(max(0.0, at - self.clock()))
+        task = self.journal.require(task_id)
+        if not core.is_terminal(task) and not task.cancel_requested:
+            await self._halt(task_id, core.request_timeout)
 
     async def _watch(self, task_id: str, process: subprocess.Popen[bytes]) -> None:
         try:
@@ -239,16 +254,27 @@ class ProcessSupervisor:
                 raise  # the journal's own state: fail closed
             return None, fault
 
+    async def _pick_up_cancel(self, task_id: str) -> TaskRecord:
+        """A cancel asked for from another process (``afterword tasks cancel``) left a request
+        file; before an end is classified it becomes the user's cancel, as if asked here."""
+        task = self.journal.require(task_id)
+        if task.cancel_requested or core.is_terminal(task):
+            return task
+        if not self.journal.root.exists(self.journal.cancel_request_path(task_id)):
+            return task
+        return await self.journal.update(task_id, core.request_cancel)
+
     async def _record_end(
         self, task_id: str, status: core.ExitStatus | None, returncode: int | None, *,
         fault: str | None = None,
     ) -> TaskRecord:
-        task = self.journal.require(task_id)
+        task = await self._pick_up_cancel(task_id)
         if status is not None:
             outcome = core.recorded_end(task, status)
         elif returncode is not None:
             outcome = core.classify_exit(
-                returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested
+                returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested,
+                timed_out=processes.timed_out_error(task) if task.timed_out else None,
             )
         else:
             outcome = core.unsupervised_end(task)
@@ -283,6 +309,7 @@ class ProcessSupervisor:
         for task in self.journal.tasks():
             if task.state != "running" or task.task_id in self._procs or task.task_id in self._adopted:
                 continue
+            task = await self._pick_up_cancel(task.task_id)
             if task.pid is None:
                 task = await self._find_unrecorded(task)
             probe = procinfo.probe(task.pid, task.process_identity) if task.pid is not None else "unknown"
@@ -304,6 +331,7 @@ class ProcessSupervisor:
         record = await self.journal.update(task_id, core.adopted)
         self._adopted.add(task_id)
         self._group().start_soon(self._watch_adopted, task_id)
+        self._arm_timeout(record)
         return record
 
     async def _find_unrecorded(self, task: TaskRecord) -> TaskRecord:
