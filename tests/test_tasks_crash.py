@@ -136,3 +136,28 @@ def test_killed_at_every_write_of_a_turn_then_reopened(tmp_path: Path) -> None:
         outcomes[f"killed after {killed_at.split(' ', 1)[1] if ' ' in killed_at else killed_at}"] += 1
     seconds = time.monotonic() - started
     print(f"\n{outcomes['runs']} kill points in {seconds:.0f} s; {dict(outcomes)}")
+
+
+def test_many_sessions_at_once_and_a_crash_among_them(tmp_path: Path) -> None:
+    """Twelve sessions' turns, background loops and commands interleave in one host; then six
+    sessions are killed mid-flight (after their 60th write) and reopened."""
+    tmp_path.chmod(0o700)
+    started = time.monotonic()
+    code, labels, output = run_host(str(tmp_path / "state"), 0, 12)
+    assert code == 0 and "DONE" in output, output
+    counts = check(str(tmp_path / "state"), 12)
+    assert counts["notified"] == 24 and counts["reported"] == 12
+    _, crashed = crash_and_recover(tmp_path, 60, 6)
+    print(f"\n12 sessions: {len(labels)} writes in {time.monotonic() - started:.1f} s; after a crash: {crashed}")
+
+
+@pytest.mark.slow
+def test_many_sessions_killed_at_spread_points(tmp_path: Path) -> None:
+    clean = tmp_path / "clean"
+    clean.mkdir(mode=0o700)
+    _, labels, _ = run_host(str(clean / "state"), 0, 4)
+    started = time.monotonic()
+    points = range(7, len(labels), 11)
+    for point in points:
+        crash_and_recover(tmp_path, point, 4)
+    print(f"\n4 sessions: {len(points)} kill points of {len(labels)} writes in {time.monotonic() - started:.0f} s")

@@ -25,6 +25,9 @@ from tests._disk_helpers import SMALL
 
 CHMOD = 'chmod 644 "$(readlink /proc/$$/fd/1)"; echo chmodded'
 LINK = 'ln "$(readlink /proc/$$/fd/1)" "$LINK_TO"; echo linked'
+SYMLINK = 'f="$(readlink /proc/$$/fd/1)"; rm "$f"; ln -s /etc/hostname "$f"; echo swapped'
+DIRECTORY = 'f="$(readlink /proc/$$/fd/1)"; rm "$f"; mkdir "$f"; echo directory'
+DELETE = 'rm "$(readlink /proc/$$/fd/1)"; echo deleted'
 HONEST = "echo honest"
 
 
@@ -64,7 +67,10 @@ async def settled(rt: TaskRuntime, sessions: Sequence[str]) -> None:
 @pytest.mark.anyio
 async def test_a_command_that_tampers_with_its_capture_fails_only_itself(state_dir: str, tmp_path: Path) -> None:
     env = {**os.environ, "LINK_TO": str(tmp_path / "stolen.out")}
-    commands = {"chmod": CHMOD, "link": LINK, "honest": HONEST}
+    commands = {
+        "chmod": CHMOD, "link": LINK, "symlink": SYMLINK, "directory": DIRECTORY, "delete": DELETE,
+        "honest": HONEST,
+    }
     with RecordStore.open(state_dir, options=SMALL) as store:
         async with TaskRuntime.open(store, Model(), make_tools=lambda rt: tools(rt, env)) as rt:
             for session, command in commands.items():
@@ -75,15 +81,17 @@ async def test_a_command_that_tampers_with_its_capture_fails_only_itself(state_d
                 s: [m for m in await rt.history.latest(s, 20) if m.meta.get("kind") == NOTIFICATION_KIND]
                 for s in commands
             }
-    for session in ("chmod", "link"):
+    rules = {"chmod": "permissive_mode", "link": "hard_link", "symlink": "symlink", "directory": "not_regular"}
+    for session, rule in rules.items():
         task = ended[session]
-        rule = "permissive_mode" if session == "chmod" else "hard_link"
         assert task.state == "failed" and task.exit_code == 0, task
         assert task.error is not None and "changed from outside the journal" in task.error and rule in task.error
         (note,) = notes[session]  # notified like any ending, without the untrusted capture
         body = parse_notification(note)
         assert body.task.state == "failed" and body.untrusted_process_output.text == ""
     assert ended["honest"].state == "exited" and ended["honest"].error is None
+    # A deleted capture is no rule broken, just no output: the task ends as its command did.
+    assert ended["delete"].state == "exited" and len(notes["delete"]) == 1
     assert "honest" in parse_notification(notes["honest"][0]).untrusted_process_output.text
     # The next start reads the tampered files again (notification rendering, recovery) and lives.
     with RecordStore.open(state_dir, options=SMALL) as store:

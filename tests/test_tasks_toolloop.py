@@ -296,4 +296,3 @@ def test_tool_calls_carry_name_and_arguments_and_old_records_still_read() -> Non
     legacy = msgspec.msgpack.decode(old, type=StoredMessage).message
     assert legacy.call_ids() == ("c1", "c2") and legacy.calls()[0] == ToolCall(id="c1")
     assert open_tool_calls([legacy]) == {"c1", "c2"}
-
