@@ -213,3 +213,19 @@ async def test_tasks_ending_together_get_one_automatic_turn(state_dir: str) -> N
     assert len(turns) == 1 and turns[0].turn is not None and sorted(turns[0].turn.consumed) == ids
     (batch,) = [e for e in events if e.kind == "notifications"]
     assert len(batch.messages) == 10
+
+
+@pytest.mark.anyio
+async def test_a_tool_answer_too_large_to_store_is_replaced_and_the_turn_goes_on(state_dir: str) -> None:
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+
+        async def huge(session_id: str, call: ToolCall) -> ToolResult:
+            return ToolResult(content="x" * (4 * 1024 * 1024))  # past the store's record bound
+
+        coord = ExecutionCoordinator(journal, notes, TurnRunner(history, journal, notes, Script()), tools=huge)
+        result = await coord.user_turn("s", Message(id="u", role="user", content="go"))
+        assert result.succeeded and result.replies[-1].content == "done"
+        (stand_in,) = result.tool_results
+        assert "could not be recorded" in stand_in.content and "MessageTooLarge" in stand_in.content
+        assert not open_tool_calls(await history.latest("s", 20))

@@ -254,12 +254,19 @@ def _cancel(state_dir: str, task: TaskRecord, grace: float, out: TextIO, err: Te
     if pid is None or procinfo.probe(pid, identity) != "alive":
         out.write(f"cancel of {task.task_id} recorded; its process is not running, the host records the end\n")
         return 0
-    os.kill(pid, signal.SIGTERM)  # the wrapper passes it on to the task's process group
+    try:
+        os.kill(pid, signal.SIGTERM)  # the wrapper passes it on to the task's process group
+    except ProcessLookupError:
+        out.write(f"cancel of {task.task_id} recorded; its process had just ended\n")
+        return 0
     deadline = time.monotonic() + grace
     while procinfo.probe(pid, identity) == "alive" and time.monotonic() < deadline:
         time.sleep(0.05)
     if procinfo.probe(pid, identity) == "alive":
-        os.killpg(pid, signal.SIGKILL)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         out.write(f"cancel of {task.task_id}: sent SIGTERM, then SIGKILL after {grace:g} s\n")
     else:
         out.write(f"cancel of {task.task_id}: sent SIGTERM, the command stopped\n")

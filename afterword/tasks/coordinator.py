@@ -37,7 +37,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..history import Message, ToolCall, open_tool_calls
+from ..history import InvalidMessageError, Message, MessageTooLarge, ToolCall, open_tool_calls
 from . import core
 from .compaction import Compaction
 from .events import STALLED_REASONS, EventSink, SessionEvent, emit
@@ -54,6 +54,7 @@ DEFAULT_MAX_TOOL_ROUNDS = 16
 # end opens a window this long, and everything that ends within it is one automatic turn.
 DEFAULT_COALESCE_WINDOW = 0.1
 INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
+UNRECORDABLE_TOOL_RESULT = "The tool's result could not be recorded ({error}); it is lost."
 ROUND_LIMIT_TOOL_RESULT = (
     "The tool call was not run: this turn reached its limit of {limit} tool rounds. "
     "It can be made again in a later turn."
@@ -278,9 +279,17 @@ class ExecutionCoordinator:
                 except Exception as exc:  # the tool failed: the model is told, the loop goes on
                     result = ToolResult(content=f"The tool failed: {describe_error(exc)}", is_error=True)
                 message = tool_result_message(call, result)
-                await self.processor.commit_tool_result(
-                    session_id, message, reported_terminal=self._reports(session_id, call, result)
-                )
+                try:
+                    await self.processor.commit_tool_result(
+                        session_id, message, reported_terminal=self._reports(session_id, call, result)
+                    )
+                except (InvalidMessageError, MessageTooLarge) as exc:
+                    # The tool's answer cannot be stored (too large, malformed): the model is
+                    # told so instead, and the session goes on.
+                    with anyio.CancelScope(shield=True):
+                        message = await self._answer_interrupted(
+                            session_id, call, text=UNRECORDABLE_TOOL_RESULT.format(error=describe_error(exc))
+                        )
                 written.append(message)
         finally:
             answered = {m.tool_call_id for m in written}
@@ -308,10 +317,13 @@ class ExecutionCoordinator:
             )
         return kept
 
-    async def _answer_interrupted(self, session_id: str, call: ToolCall, *, limit: bool = False) -> Message:
+    async def _answer_interrupted(
+        self, session_id: str, call: ToolCall, *, limit: bool = False, text: str | None = None
+    ) -> Message:
         """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
         started = [t.task_id for t in self.processor.tasks_of_call(session_id, call.id)]
-        text = ROUND_LIMIT_TOOL_RESULT.format(limit=self.max_tool_rounds) if limit else INTERRUPTED_TOOL_RESULT
+        if text is None:
+            text = ROUND_LIMIT_TOOL_RESULT.format(limit=self.max_tool_rounds) if limit else INTERRUPTED_TOOL_RESULT
         if started:
             text += (
                 f" It started background task(s) {', '.join(started)}; how each ends is reported"
