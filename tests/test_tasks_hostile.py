@@ -114,7 +114,8 @@ async def test_a_tampered_exit_status_file_fails_only_its_task(state_dir: str) -
     status.chmod(0o644)
     with RecordStore.open(state_dir, options=SMALL) as store:
         async with TaskRuntime.open(store, Model()) as rt:
-            ended = rt.journal.require(task.task_id)
+            # The wrapper may still be exiting when the restart looks: then it is adopted first.
+            ended = await rt.supervisor.wait(task.task_id, 30)
     # Without a trusted record the end is unknown: lost, with the cause named.
     assert ended.state == "lost" and ended.error is not None and "exit status file" in ended.error
 
