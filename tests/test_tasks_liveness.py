@@ -229,3 +229,37 @@ async def test_a_tool_answer_too_large_to_store_is_replaced_and_the_turn_goes_on
         (stand_in,) = result.tool_results
         assert "could not be recorded" in stand_in.content and "MessageTooLarge" in stand_in.content
         assert not open_tool_calls(await history.latest("s", 20))
+
+
+@pytest.mark.anyio
+async def test_a_session_whose_model_keeps_failing_tells_the_host(state_dir: str) -> None:
+    events: list[SessionEvent] = []
+
+    async def broken(session_id: str, context: Sequence[Message]) -> list[Message]:
+        raise RuntimeError("provider down")
+
+    async with opened(state_dir) as (journal, history):
+        notes = TaskNotifications(journal, history)
+        runner = TurnRunner(history, journal, notes, broken, max_model_failures=2)
+        coord = ExecutionCoordinator(
+            journal, notes, runner, on_event=events.append, retry_delay=lambda n: 0.0, coalesce_window=0.0
+        )
+        await journal.create(
+            core.new_task(
+                task_id="t1", session_id="s", tool_call_id="c", command=["make"], notify="on_exit",
+                cwd=None, output_path=journal.output_path("t1"), now=1.0,
+            )
+        )
+        await history.append("s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))])
+        await coord.processor.commit_tool_result("s", Message(id="r", role="tool", content="started", tool_call_id="c"))
+        async with anyio.create_task_group() as tg:
+            await tg.start(coord.run)
+            await journal.update("t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+            with anyio.fail_after(10):
+                while not any(e.kind == "stalled" for e in events):
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    turns = [e for e in events if e.kind == "automatic_turn"]
+    assert len(turns) == 2 and all(e.turn is not None and not e.turn.succeeded for e in turns)  # the retry ran
+    (stalled,) = [e for e in events if e.kind == "stalled"]
+    assert stalled.reason == "retries_exhausted"
