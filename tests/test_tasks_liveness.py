@@ -85,7 +85,7 @@ async def test_a_session_that_cannot_advance_tells_the_host(state_dir: str) -> N
             with anyio.fail_after(10):
                 while not any(e.kind == "automatic_turn" for e in events):
                     await anyio.sleep(0.01)
-            coord._post("s")  # the next wake finds the automatic turn's call still open
+            await coord.set_goal("s", "active")  # posts a wake: it finds the automatic turn's call open
             with anyio.fail_after(10):
                 while not any(e.kind == "stalled" for e in events):
                     await anyio.sleep(0.01)
