@@ -104,6 +104,8 @@ async def test_cancel_from_the_runtime_and_from_the_cli(state_dir: str) -> None:
             (from_cli,) = rt.journal.tasks("b")
             assert (await rt.cancel_task(in_host.task_id)).state == "cancelled"
             out, err = io.StringIO(), io.StringIO()
+            bad = argparse.Namespace(tasks_command="cancel", task_id=from_cli.task_id, grace=-1.0, state_dir=state_dir)
+            assert handle_tasks(bad, out, err) == 2 and "--grace" in err.getvalue()
             args = argparse.Namespace(
                 tasks_command="cancel", task_id=from_cli.task_id, grace=5.0, state_dir=state_dir
             )

@@ -242,6 +242,9 @@ def _print_show(journal: TaskJournal, task: TaskRecord, with_output: bool, out: 
 
 
 def _cancel(state_dir: str, task: TaskRecord, grace: float, out: TextIO, err: TextIO) -> int:
+    if not grace >= 0:
+        err.write("afterword tasks: --grace must be a number of seconds >= 0\n")
+        return 2
     if core.is_terminal(task):
         out.write(f"task {task.task_id} already ended: {_state(task)}\n")
         return 0
