@@ -20,8 +20,10 @@ their own hold the lock through :meth:`ExecutionCoordinator.turn` instead. A wak
    turn's and never stay open.
 
 :meth:`ExecutionCoordinator.run` is the background loop: it turns journal changes (a terminal
-state, a committed tool result) into wakes, repeats wakes that found the session busy, and
-schedules a retry after a failed automatic step until the retry limit stops it.
+state, a committed tool result) into wakes - one per session per short window, so ends that
+arrive together are one turn - repeats wakes that found the session busy, schedules a retry
+after a failed automatic step until the retry limit stops it, and tells the host what it did
+(``on_event``: automatic turns, new notifications, sessions that cannot advance).
 """
 
 from __future__ import annotations
@@ -251,7 +253,7 @@ class ExecutionCoordinator:
                 # A call left open would block every later step of the session: close them.
                 with anyio.CancelScope(shield=True):
                     for call in open_calls:
-                        results.append(await self._answer_interrupted(session_id, call, limit=True))
+                        results.append(await self._stand_in(session_id, call, limit=True))
                 open_calls, stopped = [], "max_tool_rounds"
                 break
             results += await self._answer(session_id, open_calls)
@@ -287,7 +289,7 @@ class ExecutionCoordinator:
                     # The tool's answer cannot be stored (too large, malformed): the model is
                     # told so instead, and the session goes on.
                     with anyio.CancelScope(shield=True):
-                        message = await self._answer_interrupted(
+                        message = await self._stand_in(
                             session_id, call, text=UNRECORDABLE_TOOL_RESULT.format(error=describe_error(exc))
                         )
                 written.append(message)
@@ -298,7 +300,7 @@ class ExecutionCoordinator:
                 # Interrupted or failed midway: an unanswered call would block the session.
                 with anyio.CancelScope(shield=True):
                     for call in left:
-                        await self._answer_interrupted(session_id, call)
+                        await self._stand_in(session_id, call)
         return written
 
     def _reports(self, session_id: str, call: ToolCall, result: ToolResult) -> list[str]:
@@ -317,7 +319,7 @@ class ExecutionCoordinator:
             )
         return kept
 
-    async def _answer_interrupted(
+    async def _stand_in(
         self, session_id: str, call: ToolCall, *, limit: bool = False, text: str | None = None
     ) -> Message:
         """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
@@ -343,7 +345,7 @@ class ExecutionCoordinator:
             window = await self.runner.history.latest(session_id, self.runner.context_limit)
             still_open = open_tool_calls(window)
             calls = [c for m in window for c in m.calls() if c.id in still_open]
-            messages = [await self._answer_interrupted(session_id, c) for c in calls]
+            messages = [await self._stand_in(session_id, c) for c in calls]
             await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
             return messages
 
