@@ -106,6 +106,7 @@ def test_a_run_without_a_crash_meets_the_invariants(tmp_path: Path) -> None:
     assert len(labels) > 60
 
 
+@pytest.mark.timeout(300)
 def test_killed_around_every_tool_result_then_reopened(tmp_path: Path) -> None:
     # The user's turn commits three results in order, three writes each (decision, append,
     # commit); killed after each of those nine writes.
@@ -121,6 +122,7 @@ def test_killed_around_every_tool_result_then_reopened(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two host starts per kill point, about 70 s when the machine is quiet
 def test_killed_at_every_write_of_a_turn_then_reopened(tmp_path: Path) -> None:
     clean = tmp_path / "clean"
     clean.mkdir(mode=0o700)
@@ -152,6 +154,7 @@ def test_many_sessions_at_once_and_a_crash_among_them(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_many_sessions_killed_at_spread_points(tmp_path: Path) -> None:
     clean = tmp_path / "clean"
     clean.mkdir(mode=0o700)
