@@ -14,6 +14,10 @@ What happens, all through ``TaskRuntime``:
 Run it (a temporary state directory is used unless ``--state-dir`` is given)::
 
     python examples/task_host.py
+
+Message and tool call ids must be unique within a conversation (the history refuses a reused
+one), so every id here carries a random part: running twice on one ``--state-dir`` continues
+the same conversation with a second request.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import json
 import sys
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +34,14 @@ import anyio
 
 from afterword.history import Message, ToolCall
 from afterword.store import RecordStore
-from afterword.tasks import NOTIFICATION_KIND, TaskRuntime, ToolExecutor, ToolResult, parse_notification
+from afterword.tasks import (
+    NOTIFICATION_KIND,
+    TaskRuntime,
+    ToolExecutor,
+    ToolResult,
+    frame_output,
+    parse_notification,
+)
 
 SESSION = "demo-session"
 COMMAND = ["sh", "-c", "sleep 0.5; echo 3 passed"]
@@ -44,10 +56,11 @@ class ScriptedModel:
 
     def __init__(self) -> None:
         self.steps = 0
+        self.run = uuid.uuid4().hex[:8]  # ids unique across runs on one state directory
 
     async def __call__(self, session_id: str, context: Sequence[Message]) -> list[Message]:
         self.steps += 1
-        last, n = context[-1], self.steps
+        last, n = context[-1], f"{self.run}-{self.steps}"
         if last.meta.get("kind") == NOTIFICATION_KIND:
             task = parse_notification(last).task
             call = ToolCall(id=f"call-{n}", name="read_output", arguments=json.dumps({"task_id": task.task_id}))
@@ -56,7 +69,9 @@ class ScriptedModel:
             call = ToolCall(id=f"call-{n}", name="run_in_background", arguments=json.dumps({"command": COMMAND}))
             reply = Message(id=f"m{n}", role="assistant", content="", tool_calls=(call,))
         elif last.role == "tool" and last.meta.get("tool_name") == "read_output":
-            reply = Message(id=f"m{n}", role="assistant", content=f"The tests finished: {last.content.strip()}.")
+            # The output arrives framed as untrusted data: a preamble, then one line of JSON.
+            printed = json.loads(last.content.splitlines()[1])["untrusted_process_output"]["text"]
+            reply = Message(id=f"m{n}", role="assistant", content=f"The tests finished: {printed.strip()}.")
         else:
             reply = Message(id=f"m{n}", role="assistant", content="The tests are running; I will report back.")
         for call in reply.calls():
@@ -74,10 +89,10 @@ def make_tools(runtime: TaskRuntime) -> ToolExecutor:
             say(f"  tool    -> started {task.task_id} (pid {task.pid}) in the background")
             return ToolResult(content=f"started task {task.task_id} in the background")
         if call.name == "read_output":
-            task = runtime.journal.require(args["task_id"])
-            text = runtime.journal.read_output_tail(task, 4096).text
-            say(f"  tool    -> output of {task.task_id}: {text.strip()!r}")
-            return ToolResult(content=text)
+            # What the task printed since the last read, framed so the model treats it as data.
+            chunk = runtime.read_new_output(args["task_id"])
+            say(f"  tool    -> output of {args['task_id']}: {chunk.text.strip()!r}")
+            return ToolResult(content=frame_output(args["task_id"], chunk))
         return ToolResult(content=f"unknown tool {call.name}", is_error=True)
 
     return execute
@@ -87,9 +102,11 @@ async def main(state_dir: str) -> int:
     with RecordStore.open(state_dir) as store:
         async with TaskRuntime.open(store, ScriptedModel(), make_tools=make_tools, on_exit="stop") as rt:
             say("user turn: 'please run the tests'")
-            turn = await rt.user_turn(SESSION, Message(id="u1", role="user", content="please run the tests"))
+            request = Message(id=f"u-{uuid.uuid4().hex}", role="user", content="please run the tests")
+            turn = await rt.user_turn(SESSION, request)
             say(f"user turn done: {len(turn.steps)} model steps, {len(turn.tool_results)} tool result(s)")
-            (task,) = rt.journal.tasks(SESSION)
+            (call,) = turn.steps[0].replies[0].calls()
+            (task,) = rt.processor.tasks_of_call(SESSION, call.id)
             with anyio.fail_after(30):
                 # consumed is marked by the automatic turn's first step; wait for the whole turn
                 while not rt.journal.require(task.task_id).consumed or rt.coordinator.busy(SESSION):

@@ -1,4 +1,4 @@
-"""``afterword tasks list|show``: an operator's read view of the task journal.
+"""``afterword tasks list|show|cancel``: an operator's view of the task journal, and a cancel.
 
 The view reads the store read-only (:func:`afterword.store.open_readonly`: no lock, no repair,
 no checkpoint, nothing written), so it works while the host that owns the journal runs; a
@@ -10,6 +10,12 @@ ISO 8601 (UTC), and process output (``show --output``) has terminal escape seque
 other control characters made visible, and every line prefixed with ``| `` so it cannot pass
 itself off as the view's own frame.
 
+``cancel`` is the one verb that acts, and it never opens the store for writing (the host owns
+it): it leaves a cancel request file beside the task's output (``tasks/<id>.cancel``, through
+the disk seam), which the host's supervisor reads as the user's cancel when it records the end,
+then sends SIGTERM to the task's wrapper (whose identity it checks first) and SIGKILL to the
+task's process group after ``--grace`` seconds.
+
 Exit codes: 0 success, 1 no such task, 2 usage error, 3 the journal cannot be opened.
 """
 
@@ -19,17 +25,19 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO, cast
 
 import msgspec
 
-from ..disk import DiskError, UnsafeStateError
+from ..disk import DiskError, StateRoot, UnsafeStateError
 from ..errors import StateError
 from ..store import Record, RecordStore, StoreError, StoreView, open_readonly
-from ..tasks import core
+from ..tasks import core, procinfo
 from ..tasks.errors import TaskJournalCorrupt
 from ..tasks.journal import TaskJournal
 from ..tasks.records import SessionControl, TaskRecord
@@ -105,6 +113,14 @@ def add_tasks_parser(subparsers: Any) -> None:
     show.add_argument("task_id", help="the task's id, as `afterword tasks list` prints it")
     show.add_argument("--json", action="store_true", help="print the task as one JSON object")
     show.add_argument("--output", action="store_true", help="also print the captured output tail")
+    cancel = actions.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a running task (its end is not notified)",
+        description="Ask for a task's cancel and stop its command: SIGTERM, SIGKILL after --grace.",
+    )
+    cancel.add_argument("task_id", help="the task's id, as `afterword tasks list` prints it")
+    cancel.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
     tasks.set_defaults(handler=handle_tasks)
 
 
@@ -225,6 +241,41 @@ def _print_show(journal: TaskJournal, task: TaskRecord, with_output: bool, out: 
         out.write("--- end of output ---\n")
 
 
+def _cancel(state_dir: str, task: TaskRecord, grace: float, out: TextIO, err: TextIO) -> int:
+    if not grace >= 0:
+        err.write("afterword tasks: --grace must be a number of seconds >= 0\n")
+        return 2
+    if core.is_terminal(task):
+        out.write(f"task {task.task_id} already ended: {_state(task)}\n")
+        return 0
+    try:
+        StateRoot(state_dir, create=False).write_atomic(TaskJournal.cancel_request_path(task.task_id), b"{}")
+    except (DiskError, OSError) as exc:
+        err.write(f"afterword tasks: cannot record the cancel request: {clean(str(exc))}\n")
+        return 3
+    pid, identity = task.pid, task.process_identity
+    if pid is None or procinfo.probe(pid, identity) != "alive":
+        out.write(f"cancel of {task.task_id} recorded; its process is not running, the host records the end\n")
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)  # the wrapper passes it on to the task's process group
+    except ProcessLookupError:
+        out.write(f"cancel of {task.task_id} recorded; its process had just ended\n")
+        return 0
+    deadline = time.monotonic() + grace
+    while procinfo.probe(pid, identity) == "alive" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if procinfo.probe(pid, identity) == "alive":
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out.write(f"cancel of {task.task_id}: sent SIGTERM, then SIGKILL after {grace:g} s\n")
+    else:
+        out.write(f"cancel of {task.task_id}: sent SIGTERM, the command stopped\n")
+    return 0
+
+
 def handle_tasks(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``tasks list`` or ``tasks show`` for parsed ``args``; returns the exit code."""
     out = out or sys.stdout
@@ -246,6 +297,8 @@ def handle_tasks(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if task is None:
         err.write(f"afterword tasks: no task {clean(args.task_id)!r} in {state_dir}\n")
         return 1
+    if args.tasks_command == "cancel":
+        return _cancel(state_dir, task, args.grace, out, err)
     if args.json:
         view = task_view(task)
         view["session"] = control_view(journal.control(task.session_id))

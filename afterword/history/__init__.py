@@ -5,8 +5,10 @@ from .errors import (
     HistoryCorruptError,
     HistoryError,
     InvalidMessageError,
+    MessageIdConflict,
     MessageTooLarge,
     MessageTooLargeError,
+    ToolCallIdReused,
 )
 from .message import Message, MetaValue, Role, ToolCall
 from .pairing import open_tool_calls, pairing_closed
@@ -20,12 +22,14 @@ __all__ = [
     "HistoryError",
     "InvalidMessageError",
     "Message",
+    "MessageIdConflict",
     "MessageTooLarge",
     "MessageTooLargeError",
     "MetaValue",
     "Role",
     "StoredMessage",
     "ToolCall",
+    "ToolCallIdReused",
     "conversation_digest",
     "open_tool_calls",
     "pairing_closed",

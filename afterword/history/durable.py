@@ -38,7 +38,14 @@ from ..store import (
     shared_locks,
 )
 from ..wal import TransactionTooLarge
-from .errors import HistoryCorruptError, HistoryError, InvalidMessageError, MessageTooLarge
+from .errors import (
+    HistoryCorruptError,
+    HistoryError,
+    InvalidMessageError,
+    MessageIdConflict,
+    MessageTooLarge,
+    ToolCallIdReused,
+)
 from .message import Message
 from .pairing import open_tool_calls
 
@@ -85,6 +92,7 @@ class _Conversation:
     seqs: list[int] = field(default_factory=list)  # sorted ascending
     by_seq: dict[int, Message] = field(default_factory=dict)
     by_id: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # tool call id -> seq of its opener
 
 
 @dataclass
@@ -109,6 +117,29 @@ def _check_message(message: Message) -> None:
         raise InvalidMessageError(f"message {message.id!r}: only an assistant message opens tool calls")
     if not all(message.call_ids()):
         raise InvalidMessageError(f"message {message.id!r}: a tool call needs a non-empty id")
+
+
+def _check_reuse(conv: _Conversation | None, flight: _InFlight, batch: dict[str, Message]) -> None:
+    """Refuse a held id with another body and a tool call id opened before (see ``append``)."""
+    pending = {m.id: m for m in flight.messages.values()}
+    opened = {c for m in flight.messages.values() for c in m.call_ids()}
+    for message in batch.values():
+        earlier = pending.get(message.id)
+        if earlier is None and conv is not None and message.id in conv.by_id:
+            earlier = conv.by_seq[conv.by_id[message.id]]
+        if earlier is not None:
+            if earlier != message:
+                raise MessageIdConflict(
+                    f"message id {message.id!r} is already in the conversation with a different body"
+                )
+            continue
+        for call_id in message.call_ids():
+            if call_id in opened or (conv is not None and call_id in conv.calls):
+                raise ToolCallIdReused(
+                    f"message {message.id!r} opens tool call {call_id!r}, which the conversation "
+                    "already opened"
+                )
+            opened.add(call_id)
 
 
 class DurableHistory:
@@ -151,6 +182,9 @@ class DurableHistory:
             if conv is not None and seq in conv.by_seq:
                 removed = conv.by_seq.pop(seq)
                 conv.by_id.pop(removed.id, None)
+                for call_id in removed.call_ids():
+                    if conv.calls.get(call_id) == seq:
+                        del conv.calls[call_id]
                 del conv.seqs[bisect.bisect_left(conv.seqs, seq)]
                 if not conv.seqs:
                     del self._conversations[digest]
@@ -171,6 +205,8 @@ class DurableHistory:
             bisect.insort(conv.seqs, seq)
         conv.by_seq[seq] = stored.message
         conv.by_id[stored.message.id] = seq
+        for call_id in stored.message.call_ids():
+            conv.calls.setdefault(call_id, seq)
 
     def _conversation(self, conversation_id: str) -> _Conversation | None:
         self._check()
@@ -188,9 +224,15 @@ class DurableHistory:
     async def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
         """Append atomically in one WAL transaction; messages already held are skipped.
 
+        Ids are unique within the retained conversation: re-appending a held message is a
+        no-op, but a different message under a held id, or a tool call id an earlier message
+        already opened, is refused (nothing of the batch is written).
+
         Raises:
             InvalidMessageError: a malformed message, one id twice with different bodies, or a
                 batch larger than ``max_messages``.
+            MessageIdConflict: a held message id with a different body.
+            ToolCallIdReused: a tool call id the conversation already opened.
             MessageTooLarge: the batch does not fit one record store transaction.
         """
         await self._append(conversation_id, messages, None)
@@ -265,6 +307,7 @@ class DurableHistory:
         held = conv.by_id if conv is not None else {}
         flight = _inflight.setdefault(self.store, {}).setdefault(digest, _InFlight())
         others = [flight.ids[m] for m in batch if m not in held and m in flight.ids]
+        _check_reuse(conv, flight, batch)
         fresh = [m for m in batch.values() if m.id not in held and m.id not in flight.ids]
         if not fresh:
             return None, others, lambda: None

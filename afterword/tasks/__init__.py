@@ -15,7 +15,15 @@ from .core import (
     handoff_references,
     notification_id_for,
 )
-from .errors import InvalidTransition, SupervisorError, TaskError, TaskJournalCorrupt, UnknownTaskError
+from .errors import (
+    CompactionRefused,
+    InvalidTransition,
+    SupervisorError,
+    TaskError,
+    TaskJournalCorrupt,
+    UnknownTaskError,
+)
+from .events import SessionEvent
 from .journal import TaskJournal
 from .notifications import FaultHook, TaskNotifications
 from .records import (
@@ -27,7 +35,14 @@ from .records import (
     TaskReference,
     TaskState,
 )
-from .render import NotificationBody, OutputExcerpt, parse_notification, render_notification
+from .render import (
+    NotificationBody,
+    OutputChunk,
+    OutputExcerpt,
+    frame_output,
+    parse_notification,
+    render_notification,
+)
 from .runtime import TaskRuntime
 from .supervisor import ProcessSupervisor
 from .toolcalls import ToolCallProcessor
@@ -39,6 +54,7 @@ __all__ = [
     "NOTIFICATION_KIND",
     "TERMINAL_STATES",
     "Compaction",
+    "CompactionRefused",
     "Decision",
     "ExecutionCoordinator",
     "FaultHook",
@@ -49,9 +65,11 @@ __all__ = [
     "NotificationBody",
     "NotifyPolicy",
     "Outcome",
+    "OutputChunk",
     "OutputExcerpt",
     "ProcessSupervisor",
     "SessionControl",
+    "SessionEvent",
     "SupervisorError",
     "TaskError",
     "TaskJournal",
@@ -74,6 +92,7 @@ __all__ = [
     "continuation_decision",
     "eligible",
     "event_id_for",
+    "frame_output",
     "handoff_references",
     "notification_id_for",
     "parse_notification",

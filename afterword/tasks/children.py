@@ -75,6 +75,9 @@ def bound_output(root: StateRoot, rel: str, limit: int) -> tuple[int, bool]:
         if exc.rule != "missing":
             raise
         return 0, False
+    except IsADirectoryError:
+        # Swapped for a directory (by the command itself): name the rule it broke.
+        raise UnsafeStateError(root.path(rel), "not_regular", "a directory") from None
     try:
         size = root.disk.fstat(handle.fd).st_size
         truncated = size > limit + MARKER_SLACK

@@ -20,15 +20,18 @@ their own hold the lock through :meth:`ExecutionCoordinator.turn` instead. A wak
    turn's and never stay open.
 
 :meth:`ExecutionCoordinator.run` is the background loop: it turns journal changes (a terminal
-state, a committed tool result) into wakes, repeats wakes that found the session busy, and
-schedules a retry after a failed automatic step until the retry limit stops it.
+state, a committed tool result) into wakes - one per session per short window, so ends that
+arrive together are one turn - repeats wakes that found the session busy, schedules a retry
+after a failed automatic step until the retry limit stops it, and tells the host what it did
+(``on_event``: automatic turns, new notifications, sessions that cannot advance).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -36,8 +39,10 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..history import Message, ToolCall, open_tool_calls
+from ..history import InvalidMessageError, Message, MessageTooLarge, ToolCall, open_tool_calls
 from . import core
+from .compaction import Compaction
+from .events import STALLED_REASONS, EventSink, SessionEvent, emit
 from .journal import TaskJournal
 from .notifications import TaskNotifications
 from .records import GoalState, SessionControl, TaskRecord
@@ -45,8 +50,17 @@ from .toolcalls import ToolCallProcessor
 from .toolloop import ToolExecutor, ToolResult, TurnResult, tool_result_message
 from .turns import TurnOutcome, TurnRunner, describe_error
 
+_log = logging.getLogger(__name__)
 DEFAULT_MAX_TOOL_ROUNDS = 16
+# Tasks of one session often end together (a batch of tests, a build fanning out): the first
+# end opens a window this long, and everything that ends within it is one automatic turn.
+DEFAULT_COALESCE_WINDOW = 0.1
 INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
+UNRECORDABLE_TOOL_RESULT = "The tool's result could not be recorded ({error}); it is lost."
+ROUND_LIMIT_TOOL_RESULT = (
+    "The tool call was not run: this turn reached its limit of {limit} tool rounds. "
+    "It can be made again in a later turn."
+)
 
 
 class WakeResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,10 +80,15 @@ class HostTurn:
     def __init__(self, coordinator: ExecutionCoordinator, session_id: str) -> None:
         self.coordinator = coordinator
         self.session_id = session_id
+        self.steps: list[TurnOutcome] = []
 
     async def step(self, user_message: Message | None = None) -> TurnOutcome:
-        """One model step (the first with the user's message, later ones after tool results)."""
-        return await self.coordinator.runner.step(self.session_id, user_message)
+        """One model step (the first with the user's message, later ones after tool results).
+
+        What the steps saw is consumed when the block ends after a successful last step."""
+        outcome = await self.coordinator.runner.step(self.session_id, user_message, consume=False)
+        self.steps.append(outcome)
+        return outcome
 
     async def commit_tool_result(
         self, result: Message, *, reported_terminal: Collection[str] = ()
@@ -77,6 +96,12 @@ class HostTurn:
         return await self.coordinator.processor.commit_tool_result(
             self.session_id, result, reported_terminal=reported_terminal
         )
+
+    async def compact(self, summary: str, *, handoff_id: str) -> Message:
+        """Write a compaction handoff between steps of this turn (never inside a call/result
+        pair: :class:`CompactionRefused` while a call waits for its result)."""
+        compaction = Compaction(self.coordinator.journal, self.coordinator.notifications.history)
+        return await compaction.handoff_locked(self.session_id, summary, handoff_id=handoff_id)
 
 
 class ExecutionCoordinator:
@@ -86,8 +111,14 @@ class ExecutionCoordinator:
         tools: the host's tool executor; without one, a turn stops at the first tool call and
             returns it in ``TurnResult.open_calls`` for the host to answer.
         processor: commits tool results (one over the runner's history by default).
-        max_tool_rounds: tool rounds one turn may run before it stops and reports open calls.
+        max_tool_rounds: tool rounds one turn may run; at the limit the calls of the last
+            step are answered as not run and the turn ends (``TurnResult.stopped``).
         retry_delay: seconds before retrying a failed automatic step, by failure count.
+        on_event: the host's callback for automatic turns, new notifications and stalled
+            sessions (see :class:`SessionEvent`); it must not block.
+        coalesce_window: seconds the background loop waits after a session's first change
+            before waking it, so ends that arrive together are handled by one turn.
+        sleep: how the loop waits out that window (injected by tests to step it).
     """
 
     def __init__(
@@ -101,6 +132,9 @@ class ExecutionCoordinator:
         max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
         clock: Callable[[], float] = time.time,
         retry_delay: Callable[[int], float] = default_retry_delay,
+        on_event: EventSink | None = None,
+        coalesce_window: float = DEFAULT_COALESCE_WINDOW,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self.journal = journal
         self.notifications = notifications
@@ -110,6 +144,11 @@ class ExecutionCoordinator:
         self.max_tool_rounds = max_tool_rounds
         self.clock = clock
         self.retry_delay = retry_delay
+        self.on_event = on_event
+        self.coalesce_window = coalesce_window
+        self._sleep = sleep
+        self._gathering: set[str] = set()
+        notifications.on_delivered = self._on_delivered
         self._rewake: set[str] = set()
         self._auto_scopes: dict[str, anyio.CancelScope] = {}
         self._send: MemoryObjectSendStream[str] | None = None
@@ -171,9 +210,23 @@ class ExecutionCoordinator:
         """
         async with self.runner.lock(session_id):
             try:
-                yield HostTurn(self, session_id)
+                host = HostTurn(self, session_id)
+                yield host
+                await self._settle(host.steps)
             finally:
                 self._after_turn(session_id)
+
+    async def _settle(self, steps: Sequence[TurnOutcome]) -> tuple[str, ...]:
+        """Consumption belongs to the turn: what any step saw is handled only if the turn's
+        last step succeeded; otherwise every seen task keeps the error (invariant 5)."""
+        if not steps:
+            return ()
+        seen = list(dict.fromkeys(t for s in steps for t in s.seen))
+        last = steps[-1]
+        if last.succeeded:
+            return tuple(t.task_id for t in await self.runner.hook.succeeded(seen))
+        await self.runner.hook.failed(seen, last.error or "the turn's last model step failed")
+        return ()
 
     async def _turn(self, session_id: str, user_message: Message | None) -> TurnResult:
         if self.tools is None:
@@ -188,19 +241,28 @@ class ExecutionCoordinator:
                 await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
 
     async def _loop(self, session_id: str, user_message: Message | None) -> TurnResult:
-        steps = [await self.runner.step(session_id, user_message)]
+        steps = [await self.runner.step(session_id, user_message, consume=False)]
         results: list[Message] = []
         open_calls: list[ToolCall] = []
+        stopped: str | None = None
         while steps[-1].succeeded:
             open_calls = await self._unanswered(session_id, steps[-1])
-            if not open_calls or self.tools is None or len(steps) > self.max_tool_rounds:
+            if not open_calls or self.tools is None:
+                break
+            if len(steps) > self.max_tool_rounds:
+                # A call left open would block every later step of the session: close them.
+                with anyio.CancelScope(shield=True):
+                    for call in open_calls:
+                        results.append(await self._stand_in(session_id, call, limit=True))
+                open_calls, stopped = [], "max_tool_rounds"
                 break
             results += await self._answer(session_id, open_calls)
             open_calls = []
-            steps.append(await self.runner.step(session_id, None))
+            steps.append(await self.runner.step(session_id, None, consume=False))
+        consumed = await self._settle(steps)
         return TurnResult(
             session_id=session_id, steps=tuple(steps), tool_results=tuple(results),
-            open_calls=tuple(open_calls),
+            open_calls=tuple(open_calls), stopped=stopped, consumed=consumed,
         )
 
     async def _unanswered(self, session_id: str, outcome: TurnOutcome) -> list[ToolCall]:
@@ -219,9 +281,17 @@ class ExecutionCoordinator:
                 except Exception as exc:  # the tool failed: the model is told, the loop goes on
                     result = ToolResult(content=f"The tool failed: {describe_error(exc)}", is_error=True)
                 message = tool_result_message(call, result)
-                await self.processor.commit_tool_result(
-                    session_id, message, reported_terminal=result.reported_terminal
-                )
+                try:
+                    await self.processor.commit_tool_result(
+                        session_id, message, reported_terminal=self._reports(session_id, call, result)
+                    )
+                except (InvalidMessageError, MessageTooLarge) as exc:
+                    # The tool's answer cannot be stored (too large, malformed): the model is
+                    # told so instead, and the session goes on.
+                    with anyio.CancelScope(shield=True):
+                        message = await self._stand_in(
+                            session_id, call, text=UNRECORDABLE_TOOL_RESULT.format(error=describe_error(exc))
+                        )
                 written.append(message)
         finally:
             answered = {m.tool_call_id for m in written}
@@ -230,11 +300,40 @@ class ExecutionCoordinator:
                 # Interrupted or failed midway: an unanswered call would block the session.
                 with anyio.CancelScope(shield=True):
                     for call in left:
-                        await self.processor.commit_tool_result(
-                            session_id,
-                            tool_result_message(call, ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)),
-                        )
+                        await self._stand_in(session_id, call)
         return written
+
+    def _reports(self, session_id: str, call: ToolCall, result: ToolResult) -> list[str]:
+        """The tool's claims that its result reports a task's end, minus the false ones.
+
+        A claim about a task that has not ended (or that this call did not start) is refused
+        and the tool's answer kept: that task stays handed off and is notified when it ends.
+        """
+        tasks = {t.task_id: t for t in self.processor.tasks_of_call(session_id, call.id)}
+        kept = [i for i in result.reported_terminal if i in tasks and core.is_terminal(tasks[i])]
+        refused = sorted(set(result.reported_terminal) - set(kept))
+        if refused:
+            _log.warning(
+                "session %r, tool %r: refused the report of %s as ended (not ended, or not started "
+                "by this call); they will be notified when they end", session_id, call.name, refused
+            )
+        return kept
+
+    async def _stand_in(
+        self, session_id: str, call: ToolCall, *, limit: bool = False, text: str | None = None
+    ) -> Message:
+        """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
+        started = [t.task_id for t in self.processor.tasks_of_call(session_id, call.id)]
+        if text is None:
+            text = ROUND_LIMIT_TOOL_RESULT.format(limit=self.max_tool_rounds) if limit else INTERRUPTED_TOOL_RESULT
+        if started:
+            text += (
+                f" It started background task(s) {', '.join(started)}; how each ends is reported"
+                " in a separate notification."
+            )
+        message = tool_result_message(call, ToolResult(content=text, is_error=True))
+        await self.processor.commit_interrupted(session_id, message)
+        return message
 
     async def close_open_calls(self, session_id: str) -> list[Message]:
         """Answer tool calls a turn of this coordinator left open when it crashed (recovery):
@@ -246,12 +345,12 @@ class ExecutionCoordinator:
             window = await self.runner.history.latest(session_id, self.runner.context_limit)
             still_open = open_tool_calls(window)
             calls = [c for m in window for c in m.calls() if c.id in still_open]
-            result = ToolResult(content=INTERRUPTED_TOOL_RESULT, is_error=True)
-            messages = [tool_result_message(c, result) for c in calls]
-            for message in messages:
-                await self.processor.commit_tool_result(session_id, message)
+            messages = [await self._stand_in(session_id, c) for c in calls]
             await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
             return messages
+
+    def _on_delivered(self, session_id: str, messages: Sequence[Message]) -> None:
+        emit(self.on_event, SessionEvent(session_id=session_id, kind="notifications", messages=tuple(messages)))
 
     def _after_turn(self, session_id: str) -> None:
         if session_id in self._rewake:
@@ -306,18 +405,36 @@ class ExecutionCoordinator:
                     send.send_nowait(session_id)
                 task_status.started()
                 async for session_id in receive:
-                    tg.start_soon(self._auto, session_id)
+                    if session_id not in self._gathering:  # else it joins the waiting wake
+                        self._gathering.add(session_id)
+                        tg.start_soon(self._coalesced, session_id)
         finally:
             unsubscribe()
             self._send, self._tg = None, None
             send.close()
 
+    async def _coalesced(self, session_id: str) -> None:
+        """Wake ``session_id`` once its window has passed; posts meanwhile add nothing."""
+        try:
+            await self._sleep(self.coalesce_window)
+        finally:
+            self._gathering.discard(session_id)  # a change from now on opens a new window
+        await self._auto(session_id)
+
     async def _auto(self, session_id: str) -> None:
         result = await self.wake(session_id)
+        if result.outcome is not None:
+            emit(self.on_event, SessionEvent(
+                session_id=session_id, kind="automatic_turn", reason=result.reason, turn=result.outcome
+            ))
+        elif result.reason in STALLED_REASONS:
+            emit(self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason=result.reason))
         if result.outcome is None or result.outcome.succeeded:
             return
         control = self.journal.control(session_id)
-        if not control.awaiting_user and self._tg is not None:
+        if control.awaiting_user:
+            emit(self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason="retries_exhausted"))
+        elif self._tg is not None:
             self._tg.start_soon(self._retry_later, session_id, self.retry_delay(control.model_failures))
 
     async def _retry_later(self, session_id: str, delay: float) -> None:

@@ -58,15 +58,18 @@ from .processes import (
     classify_exit,
     event_id_for,
     is_terminal,
+    leftovers_stopped,
     new_task,
     notification_id_for,
     recorded_end,
     recovery_action,
     request_cancel,
     request_stop,
+    request_timeout,
     signal_name,
     spawn_failure,
     spawned,
+    task_file_fault,
     terminate,
     unsupervised_end,
 )
@@ -104,19 +107,23 @@ __all__ = [
     "interrupted",
     "is_active",
     "is_terminal",
+    "leftovers_stopped",
     "needs_consumption",
     "new_task",
     "notification_id_for",
     "prepare_commit",
+    "prepare_interrupted",
     "recorded_end",
     "recovery_action",
     "request_cancel",
     "request_stop",
+    "request_timeout",
     "seen_in_context",
     "settled",
     "signal_name",
     "spawn_failure",
     "spawned",
+    "task_file_fault",
     "terminate",
     "turn_began",
     "turn_ended",
@@ -150,6 +157,16 @@ def prepare_commit(task: TaskRecord, *, tool_result_id: str, reported_terminal: 
         handed_off=not reported_terminal,
         terminal_reported=task.event_id if reported_terminal else None,
     )
+
+
+def prepare_interrupted(task: TaskRecord, *, tool_result_id: str) -> TaskRecord:
+    """The call's own result never reached the conversation and a stand-in ("interrupted")
+    answers it instead. Whatever the lost result was going to report, the stand-in reports
+    nothing, so the task is handed off and its end gets a notification (decided from what was
+    written, not from what was prepared)."""
+    if task.committed:
+        return task
+    return _replace(task, tool_result_id=tool_result_id, handed_off=True, terminal_reported=None)
 
 
 def commit(task: TaskRecord, *, now: float) -> TaskRecord:

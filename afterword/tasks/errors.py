@@ -7,6 +7,8 @@
 * ``UnknownTaskError`` - no task with that id (the caller's fault).
 * ``TaskJournalCorrupt`` - a stored task record cannot be decoded (the state on disk's fault).
 * ``SupervisorError`` - the supervisor was used outside its lifetime (the caller's fault).
+* ``CompactionRefused`` - a compaction handoff was asked for while a tool call of the session
+  waits for its result (the caller's fault; nothing was written).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..continuations.errors import InvalidTransition
 from ..errors import AfterwordError, CallerError, StateError
 
 __all__ = [
+    "CompactionRefused",
     "InvalidTransition",
     "SupervisorError",
     "TaskError",
@@ -48,3 +51,14 @@ class TaskJournalCorrupt(TaskError, StateError):
 
 class SupervisorError(TaskError, CallerError):
     """The process supervisor is not running (enter it with ``async with``)."""
+
+
+class CompactionRefused(TaskError, CallerError):
+    """A handoff now would land between a tool call and its result; answer the call first."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id!r} has a tool call waiting for its result; a compaction "
+            "handoff now would split the call from its result"
+        )

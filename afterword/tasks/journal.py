@@ -26,7 +26,7 @@ from ..store import Collection, RecordStore
 from .core import settled
 from .errors import TaskJournalCorrupt, UnknownTaskError
 from .records import SessionControl, TaskRecord
-from .render import OutputExcerpt
+from .render import OutputChunk, OutputExcerpt
 
 TASK_PREFIX = "task/"
 CONTROL_PREFIX = "taskctl/"
@@ -50,6 +50,16 @@ def _present(task_id: str, task: TaskRecord | None) -> TaskRecord:
 def check_task_id(task_id: str) -> None:
     if not _TASK_ID_RE.match(task_id):
         raise ValueError(f"task id {task_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character that is not complete."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): does its sequence fit?
+            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return back if need > back else 0
+    return 0
 
 
 def task_key(task_id: str) -> str:
@@ -197,7 +207,7 @@ class TaskJournal:
 
         await self._task_records.update(task_ids, drop)
         for task in tasks:
-            for rel in (task.output_path, self.exit_status_path(task.task_id)):
+            for rel in (task.output_path, self.exit_status_path(task.task_id), self.cancel_request_path(task.task_id)):
                 if self.root.exists(rel):
                     self.root.remove(rel, sync_dir=False)
         if tasks and self.root.exists(OUTPUT_DIR):
@@ -218,24 +228,49 @@ class TaskJournal:
         return f"{OUTPUT_DIR}/{task_id}.exit"
 
     @staticmethod
+    def cancel_request_path(task_id: str) -> str:
+        """Where ``afterword tasks cancel`` (another process) leaves a user's cancel request."""
+        check_task_id(task_id)
+        return f"{OUTPUT_DIR}/{task_id}.cancel"
+
+    @staticmethod
     def output_path(task_id: str) -> str:
         check_task_id(task_id)
         return f"{OUTPUT_DIR}/{task_id}.out"
 
+    def task_file_fault(self, task_id: str, exc: UnsafeStateError) -> str | None:
+        """Why ``exc`` concerns only this task's own files, or None when it is the journal's.
+
+        The command writes into its capture file and can reach it (``/proc/self/fd/1``): a
+        chmod or a hard link there is the task's doing and may only fail that task. A rule
+        broken by a directory, the log or another task's file stays the journal's fault.
+        """
+        own = {
+            self.root.path(rel)
+            for rel in (self.output_path(task_id), self.exit_status_path(task_id), self.cancel_request_path(task_id))
+        }
+        if exc.path not in own or exc.rule == "missing":
+            return None
+        name = {".out": "output", ".exit": "exit status"}.get(exc.path[exc.path.rfind("."):], "cancel request")
+        return f"its {name} file was changed from outside the journal ({exc.rule}) and is not trusted"
+
     def read_output_tail(self, task: TaskRecord, max_bytes: int) -> OutputExcerpt:
-        """The last ``max_bytes`` of the captured output (fail-closed reads via the seam)."""
+        """The last ``max_bytes`` of the captured output (fail-closed reads via the seam).
+
+        A capture file the task itself tampered with reads as no output, with the reason in
+        ``unavailable``; a fault of the journal's own state raises.
+        """
         try:
             handle = self.root.open_file(task.output_path)
         except UnsafeStateError as exc:
-            if exc.rule != "missing":
-                raise
-            return OutputExcerpt(text="", excerpt_bytes=0, total_bytes=task.output_bytes,
-                                 truncated=task.output_bytes > 0)
+            return self._no_output(task, exc)
         try:
             size = self.root.disk.fstat(handle.fd).st_size
             take = min(size, max_bytes)
             data = self.root.pread(handle, take, size - take)
             self.root.check_identity(handle)
+        except UnsafeStateError as exc:
+            return self._no_output(task, exc)
         finally:
             self.root.close(handle)
         total = max(task.output_bytes, size)
@@ -245,6 +280,44 @@ class TaskJournal:
             total_bytes=total,
             truncated=len(data) < total or task.output_truncated,
         )
+
+    def read_output(self, task: TaskRecord, offset: int, max_bytes: int) -> OutputChunk:
+        """Up to ``max_bytes`` of captured output from byte ``offset`` on (see
+        :class:`OutputChunk`); reading from ``next_offset`` each time gives what is new."""
+        if offset < 0 or max_bytes < 1:
+            raise ValueError("offset must be >= 0 and max_bytes >= 1")
+        try:
+            handle = self.root.open_file(task.output_path)
+        except UnsafeStateError as exc:
+            gone = self._no_output(task, exc)
+            return OutputChunk(text="", offset=offset, next_offset=offset, total_bytes=gone.total_bytes,
+                               unavailable=gone.unavailable)
+        try:
+            size = self.root.disk.fstat(handle.fd).st_size
+            restarted = offset > size
+            start = max(0, size - max_bytes) if restarted else offset
+            data = self.root.pread(handle, min(max_bytes, size - start), start)
+            self.root.check_identity(handle)
+        except UnsafeStateError as exc:
+            gone = self._no_output(task, exc)
+            return OutputChunk(text="", offset=offset, next_offset=offset, total_bytes=gone.total_bytes,
+                               unavailable=gone.unavailable)
+        finally:
+            self.root.close(handle)
+        # A multi-byte character cut at the end is left for the next read.
+        cut = _incomplete_tail(data) if task.state == "running" or len(data) == max_bytes else 0
+        text = data[: len(data) - cut].decode("utf-8", errors="replace")
+        return OutputChunk(
+            text=text, offset=start, next_offset=start + len(data) - cut,
+            total_bytes=max(task.output_bytes, size), restarted=restarted,
+        )
+
+    def _no_output(self, task: TaskRecord, exc: UnsafeStateError) -> OutputExcerpt:
+        fault = self.task_file_fault(task.task_id, exc)
+        if exc.rule != "missing" and fault is None:
+            raise exc
+        return OutputExcerpt(text="", excerpt_bytes=0, total_bytes=task.output_bytes,
+                             truncated=task.output_bytes > 0, unavailable=fault)
 
     def __repr__(self) -> str:
         return f"<TaskJournal tasks={len(self._task_records)} sessions={len(self.sessions())}>"

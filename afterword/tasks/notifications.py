@@ -19,9 +19,9 @@ which counts messages other writers have reserved but not yet made durable.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
-from ..history import BoundaryHistory
+from ..history import BoundaryHistory, Message
 from ..store import KeyedLocks
 from . import core
 from .journal import TaskJournal
@@ -60,6 +60,8 @@ class TaskNotifications:
         self.excerpt_bytes = excerpt_bytes
         self.pairing_window = pairing_window
         self.fault = fault
+        # Told of every notification written (the coordinator passes it on to the host).
+        self.on_delivered: Callable[[str, Sequence[Message]], None] | None = None
         self._locks = KeyedLocks()
 
     async def deliver(self, session_id: str) -> list[TaskRecord]:
@@ -81,7 +83,10 @@ class TaskNotifications:
                 return done
             if self.fault is not None:
                 await self.fault("notification_persisted")
-            return done + await self._mark_delivered([t.task_id for t in ready])
+            marked = await self._mark_delivered([t.task_id for t in ready])
+            if self.on_delivered is not None:
+                self.on_delivered(session_id, messages)
+            return done + marked
 
     async def deliver_all(self) -> list[TaskRecord]:
         """:meth:`deliver` for every session in the journal (startup, periodic sweeps)."""

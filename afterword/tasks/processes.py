@@ -54,10 +54,17 @@ def new_task(
     cwd: str | None,
     output_path: str,
     now: float,
+    timeout: float | None = None,
 ) -> TaskRecord:
-    """A task record written before its process is spawned (so no process is ever untracked)."""
+    """A task record written before its process is spawned (so no process is ever untracked).
+
+    ``timeout``: seconds after which a still running task is stopped (``killed``, notified
+    with the reason).
+    """
     if not command:
         raise ValueError("a task needs a command")
+    if timeout is not None and not timeout > 0:
+        raise ValueError("a task's timeout must be a positive number of seconds")
     return TaskRecord(
         task_id=task_id,
         session_id=session_id,
@@ -67,6 +74,7 @@ def new_task(
         notify=notify,
         created_at=now,
         output_path=output_path,
+        timeout_at=None if timeout is None else now + timeout,
     )
 
 
@@ -87,6 +95,13 @@ def request_cancel(task: TaskRecord) -> TaskRecord:
     if is_terminal(task) or task.cancel_requested:
         return task
     return _replace(task, cancel_requested=True)
+
+
+def request_timeout(task: TaskRecord) -> TaskRecord:
+    """The task's own deadline passed: it is stopped, and the model is told it timed out."""
+    if is_terminal(task) or task.cancel_requested or task.timed_out:
+        return task
+    return _replace(task, timed_out=True)
 
 
 def request_stop(task: TaskRecord) -> TaskRecord:
@@ -111,12 +126,24 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
-def classify_exit(returncode: int, *, cancel_requested: bool, stop_requested: bool = False) -> Outcome:
+def timed_out_error(task: TaskRecord) -> str:
+    limit = (task.timeout_at or 0.0) - task.created_at
+    return f"the task ran past its timeout of {limit:g} s and was stopped; it did not complete"
+
+
+def classify_exit(
+    returncode: int, *, cancel_requested: bool, stop_requested: bool = False, timed_out: str | None = None
+) -> Outcome:
     """Exit 0 -> exited; other codes -> failed; a signal -> killed (cancelled if we asked).
 
     A task the host stopped at shutdown that did not exit 0 is ``killed`` with
-    :data:`HOST_STOPPED` as its error: unlike a cancel, the model hears about it.
+    :data:`HOST_STOPPED` as its error: unlike a cancel, the model hears about it. One its
+    timeout stopped is ``killed`` with ``timed_out`` (the reason) as its error.
     """
+    if timed_out is not None and not cancel_requested and returncode != 0:
+        if returncode < 0:
+            return Outcome(state="killed", signal=-returncode, error=timed_out)
+        return Outcome(state="killed", exit_code=returncode, error=timed_out)
     if stop_requested and not cancel_requested and returncode != 0:
         if returncode < 0:
             return Outcome(state="killed", signal=-returncode, error=HOST_STOPPED)
@@ -161,7 +188,8 @@ def recorded_end(task: TaskRecord, status: ExitStatus) -> Outcome:
     if status.spawn_error is not None or status.returncode is None:
         return spawn_failure(status.spawn_error or "the command did not start")
     return classify_exit(
-        status.returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested
+        status.returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested,
+        timed_out=timed_out_error(task) if task.timed_out else None,
     )
 
 
@@ -184,6 +212,15 @@ def recovery_action(
     if probe == "alive":
         return "adopt", None
     return "end", _unaccounted(task, LOST_VANISHED)
+
+
+def leftovers_stopped(outcome: Outcome, count: int) -> Outcome:
+    """A task about to be recorded as ``lost`` still had processes running: they were stopped
+    first, so nothing it does happens after the journal gave up on it."""
+    if count == 0:
+        return outcome
+    note = f"{count} process(es) of its group were still running and were killed before this was recorded"
+    return msgspec.structs.replace(outcome, error=f"{outcome.error}; {note}" if outcome.error else note)
 
 
 def unsupervised_end(task: TaskRecord) -> Outcome:
@@ -215,6 +252,14 @@ def terminate(
         output_truncated=task.output_truncated if output_truncated is None else output_truncated,
         event_id=event_id_for(task.task_id),
     )
+
+
+def task_file_fault(outcome: Outcome, fault: str) -> Outcome:
+    """The task tampered with its own capture or exit-status file: that fails the task (and
+    only it), keeping what is known of how the process ended."""
+    error = fault if outcome.error is None else f"{fault}; {outcome.error}"
+    state: TaskState = outcome.state if outcome.state in ("killed", "cancelled", "lost") else "failed"
+    return Outcome(state=state, exit_code=outcome.exit_code, signal=outcome.signal, error=error)
 
 
 def signal_name(number: int | None) -> str | None:

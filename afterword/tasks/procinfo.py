@@ -9,6 +9,8 @@ directory, so they do not go through the disk seam.
 
 from __future__ import annotations
 
+import os
+
 from .processes import ProbeResult
 
 _PROC = "/proc"
@@ -54,3 +56,46 @@ def probe(pid: int, identity: str | None) -> ProbeResult:
     if fields[0] in ("Z", "X"):  # exited, waiting to be reaped: its work is over
         return "gone"
     return "alive" if process_identity(pid) == identity else "gone"
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir(_PROC) if name.isdigit()]
+    except OSError:
+        return []
+
+
+def leftovers(pid: int, identity: str | None) -> list[int]:
+    """Live processes still in the process group the task's wrapper led (``pgid == pid``).
+
+    Empty when the group cannot be ours: another boot, or a live process that now holds the
+    pid under another identity (the kernel does not reuse a pid while a group still bears
+    it, so a reused pid means our group is gone).
+    """
+    if identity is None or boot_id() is None or not identity.startswith(f"{boot_id()}:"):
+        return []
+    leader = _stat_fields(pid)
+    if leader is not None and leader[0] not in ("Z", "X") and process_identity(pid) != identity:
+        return []
+    members = []
+    for other in _pids():
+        fields = _stat_fields(other)
+        # fields[0] is the state, fields[2] the process group id.
+        if fields is not None and len(fields) > 2 and fields[2] == str(pid) and fields[0] not in ("Z", "X"):
+            members.append(other)
+    return members
+
+
+def find_by_argument(argument: str) -> int | None:
+    """A live process with ``argument`` among its command-line arguments (the wrapper of a
+    task whose pid was never recorded: its status path names the task)."""
+    wanted = argument.encode()
+    for pid in _pids():
+        try:
+            with open(f"{_PROC}/{pid}/cmdline", "rb") as fh:
+                args = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in args:
+            return pid
+    return None

@@ -45,6 +45,8 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     adopted: bool = False  # running under a later supervisor that cannot wait() for it
     cancel_requested: bool = False  # the user's cancel: the end is not notified
     stop_requested: bool = False  # the host stopped it while shutting down: the end is notified
+    timeout_at: float | None = None  # stopped at this time if still running (per-task timeout)
+    timed_out: bool = False  # the timeout stopped it: the end is notified as such
     ended_at: float | None = None
     exit_code: int | None = None
     signal: int | None = None

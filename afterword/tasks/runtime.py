@@ -21,23 +21,31 @@ running commands are adopted by the next start).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
 from ..history import BoundaryHistory, DurableHistory, Message, ToolCall
 from ..store import RecordStore
 from .compaction import Compaction
-from .coordinator import ExecutionCoordinator, WakeResult
+from .coordinator import (
+    DEFAULT_COALESCE_WINDOW,
+    DEFAULT_MAX_TOOL_ROUNDS,
+    ExecutionCoordinator,
+    WakeResult,
+    default_retry_delay,
+)
+from .events import EventSink
 from .journal import TaskJournal
 from .notifications import TaskNotifications
 from .records import NotifyPolicy, TaskRecord
+from .render import OutputChunk
 from .supervisor import DEFAULT_MAX_OUTPUT, OnExit, ProcessSupervisor
 from .toolcalls import ToolCallProcessor
 from .toolloop import ToolExecutor, TurnResult
-from .turns import ModelStep, TurnRunner
+from .turns import DEFAULT_CONTEXT_LIMIT, DEFAULT_MAX_MODEL_FAILURES, ModelStep, TurnRunner
 
 
 @dataclass
@@ -52,6 +60,7 @@ class TaskRuntime:
     runner: TurnRunner
     compaction: Compaction
     coordinator: ExecutionCoordinator
+    _cursors: dict[str, int] = field(default_factory=dict)  # task id -> next unread byte
 
     @classmethod
     @asynccontextmanager
@@ -65,7 +74,12 @@ class TaskRuntime:
         on_exit: OnExit = "detach",
         clock: Callable[[], float] = time.time,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-        max_model_failures: int = 3,
+        max_model_failures: int = DEFAULT_MAX_MODEL_FAILURES,
+        on_event: EventSink | None = None,
+        max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
+        context_limit: int = DEFAULT_CONTEXT_LIMIT,
+        retry_delay: Callable[[int], float] = default_retry_delay,
+        coalesce_window: float = DEFAULT_COALESCE_WINDOW,
     ) -> AsyncIterator[TaskRuntime]:
         """Build everything over ``store``, recover, start the background loop.
 
@@ -73,20 +87,33 @@ class TaskRuntime:
             model_step: ``(session_id, context) -> replies``.
             make_tools: builds the host's tool executor from the runtime (it usually needs
                 ``runtime.start_task``); without one, turns stop at tool calls and report them.
+            on_event: called with a :class:`SessionEvent` for every automatic turn, every
+                notification written and every session that cannot advance by itself; it
+                runs on the runtime's tasks and must not block.
+            max_tool_rounds: tool rounds one turn may run (see ``ExecutionCoordinator``).
+            context_limit: how many of the newest messages a model step sees at most.
+            retry_delay: seconds before a failed automatic step is retried, by failure count.
+            coalesce_window: seconds a session's first change waits for others to join it.
         """
+        if max_tool_rounds < 1 or context_limit < 1 or coalesce_window < 0:
+            raise ValueError("max_tool_rounds and context_limit must be >= 1, coalesce_window >= 0")
         journal = TaskJournal(store)
         history = history if history is not None else DurableHistory(store)
         notifications = TaskNotifications(journal, history, clock=clock)
         processor = ToolCallProcessor(journal, history, clock=clock)
         runner = TurnRunner(
-            history, journal, notifications, model_step, clock=clock, max_model_failures=max_model_failures
+            history, journal, notifications, model_step, clock=clock, max_model_failures=max_model_failures,
+            context_limit=context_limit,
         )
-        coordinator = ExecutionCoordinator(journal, notifications, runner, processor=processor, clock=clock)
+        coordinator = ExecutionCoordinator(
+            journal, notifications, runner, processor=processor, clock=clock, on_event=on_event,
+            max_tool_rounds=max_tool_rounds, retry_delay=retry_delay, coalesce_window=coalesce_window,
+        )
         supervisor = ProcessSupervisor(journal, clock=clock, on_exit=on_exit, max_output_bytes=max_output_bytes)
         async with supervisor:  # step 1
             runtime = cls(
                 journal=journal, history=history, supervisor=supervisor, processor=processor,
-                notifications=notifications, runner=runner, compaction=Compaction(journal, history),
+                notifications=notifications, runner=runner, compaction=Compaction(journal, history, runner=runner),
                 coordinator=coordinator,
             )
             if make_tools is not None:
@@ -110,9 +137,29 @@ class TaskRuntime:
     async def wake(self, session_id: str) -> WakeResult:
         return await self.coordinator.wake(session_id)
 
+    def read_new_output(self, task_id: str, max_bytes: int = 4096) -> OutputChunk:
+        """What the task printed since the previous call (for a ``task_output`` tool).
+
+        The cursor lives in this runtime: after a restart the first read starts from the
+        beginning. Pass offsets to :meth:`TaskJournal.read_output` to keep your own.
+        """
+        chunk = self.journal.read_output(self.journal.require(task_id), self._cursors.get(task_id, 0), max_bytes)
+        self._cursors[task_id] = chunk.next_offset
+        return chunk
+
+    async def cancel_task(self, task_id: str) -> TaskRecord:
+        """The user's cancel: the command is stopped and its end is not notified."""
+        return await self.supervisor.cancel(task_id)
+
     async def start_task(
         self, session_id: str, call: ToolCall, command: Sequence[str], *, notify: NotifyPolicy = "on_exit",
-        cwd: str | None = None,
+        cwd: str | None = None, env: Mapping[str, str] | None = None, timeout: float | None = None,
     ) -> TaskRecord:
-        """Start a background command on behalf of tool call ``call`` (from a tool executor)."""
-        return await self.supervisor.start(session_id, call.id, command, notify=notify, cwd=cwd)
+        """Start a background command on behalf of tool call ``call`` (from a tool executor).
+
+        ``timeout``: seconds after which a command still running is stopped; it then ends
+        ``killed`` with the timeout as its error and is notified like any ending.
+        """
+        return await self.supervisor.start(
+            session_id, call.id, command, notify=notify, cwd=cwd, env=env, timeout=timeout
+        )

@@ -76,6 +76,33 @@ class ToolCallProcessor:
         now = self.clock()
         return await self.journal.update_many(ids, lambda t: core.commit(t, now=now))
 
+    async def commit_interrupted(self, session_id: str, result: Message) -> list[TaskRecord]:
+        """Answer a call whose own result never reached the conversation with ``result`` (a
+        stand-in saying it was interrupted).
+
+        A decision prepared for the lost result is replaced: the stand-in hands every task of
+        the call off, so a task whose end the lost result would have reported is notified
+        instead of being marked as told. If the call's result did land (a crash between the
+        append and the commit), it is kept and only marked committed.
+        """
+        if result.role != "tool" or result.tool_call_id is None:
+            raise ValueError("the stand-in result must be a tool message with tool_call_id")
+        tasks = self.tasks_of_call(session_id, result.tool_call_id)
+        ids = [t.task_id for t in tasks]
+        answers = {result.id} | {t.tool_result_id for t in tasks if t.tool_result_id is not None}
+        if any(self.history.has_message(session_id, answer) for answer in answers):
+            now = self.clock()
+            return await self.journal.update_many(ids, lambda t: core.commit(t, now=now)) if ids else []
+        if ids:
+            await self.journal.update_many(
+                ids, lambda t: core.prepare_interrupted(t, tool_result_id=result.id)
+            )
+        await self.history.append(session_id, [result])
+        if not ids:
+            return []
+        now = self.clock()
+        return await self.journal.update_many(ids, lambda t: core.commit(t, now=now))
+
     async def recover(self) -> list[TaskRecord]:
         """Finish step 3 for every prepared tool result that reached the history."""
         ids = [

@@ -59,14 +59,18 @@ def tool_result_message(call: ToolCall, result: ToolResult) -> Message:
 class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     """One turn: its model steps in order and the tool results between them.
 
-    ``open_calls`` lists tool calls the last step opened that nobody answered (no executor,
-    or the tool-round limit was reached): the host must answer them before the next step.
+    ``open_calls`` lists tool calls the last step opened that nobody answered (the
+    coordinator has no executor): the host must answer them before the next step. With an
+    executor a turn closes every call it opened; one that reached the tool-round limit answers
+    the calls it did not run as not run and says so in ``stopped``.
     """
 
     session_id: str
     steps: tuple[TurnOutcome, ...]
     tool_results: tuple[Message, ...] = ()
     open_calls: tuple[ToolCall, ...] = ()
+    stopped: str | None = None  # "max_tool_rounds": the turn ended at the limit
+    consumed: tuple[str, ...] = ()  # tasks the turn handled (its last step succeeded)
 
     @property
     def succeeded(self) -> bool:
@@ -79,10 +83,6 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def replies(self) -> tuple[Message, ...]:
         return tuple(m for s in self.steps for m in s.replies)
-
-    @property
-    def consumed(self) -> tuple[str, ...]:
-        return tuple(t for s in self.steps for t in s.consumed)
 
     @property
     def delivered(self) -> tuple[str, ...]:

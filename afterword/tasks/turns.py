@@ -80,11 +80,22 @@ class TaskTurnHook:
 
 
 def context_since_handoff(window: Sequence[Message]) -> list[Message]:
-    """The model's context: everything from the latest compaction handoff on."""
+    """The model's context: everything from the latest compaction handoff on, without tool
+    results whose call is not in it (cut off by the window, or by a handoff an older version
+    wrote between a call and its result): providers reject a result without its call."""
+    start = 0
     for index in range(len(window) - 1, -1, -1):
         if window[index].meta.get("kind") == core.HANDOFF_KIND:
-            return list(window[index:])
-    return list(window)
+            start = index
+            break
+    opened: set[str] = set()
+    context: list[Message] = []
+    for message in window[start:]:
+        if message.role == "tool" and message.tool_call_id not in opened:
+            continue
+        opened.update(message.call_ids())
+        context.append(message)
+    return context
 
 
 class TurnRunner:
@@ -138,9 +149,16 @@ class TurnRunner:
         async with self.lock(session_id):
             return await self.step(session_id, user_message)
 
-    async def step(self, session_id: str, user_message: Message | None = None) -> TurnOutcome:
+    async def step(
+        self, session_id: str, user_message: Message | None = None, *, consume: bool = True
+    ) -> TurnOutcome:
         """One model step; the caller holds :meth:`lock`. New user input lifts interruption
-        and the retry stop first."""
+        and the retry stop first.
+
+        ``consume=False``: the step is one of several in a turn; what it saw is consumed by
+        the turn's caller once the turn's last step succeeded (:meth:`TaskTurnHook.succeeded`),
+        not here - a notification is handled only when the whole answer to it is.
+        """
         if not self.lock(session_id).locked():
             raise RuntimeError("TurnRunner.step needs the session's step lock; use run_turn")
         delivered = [t.task_id for t in await self.notifications.deliver(session_id)]
@@ -162,7 +180,7 @@ class TurnRunner:
                 session_id=session_id, succeeded=False, seen=tuple(seen), delivered=tuple(delivered),
                 error=error,
             )
-        consumed = [t.task_id for t in await self.hook.succeeded(seen)]
+        consumed = [t.task_id for t in await self.hook.succeeded(seen)] if consume else []
         await self._finished(session_id, None)
         delivered += [t.task_id for t in await self.notifications.deliver(session_id)]
         return TurnOutcome(
