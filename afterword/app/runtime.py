@@ -20,7 +20,7 @@ from ..continuations.errors import ServiceDisabled
 from ..history import ConversationHistory
 from ..http.server import HttpServer
 from ..legacy import open_state
-from ..store import RecordStore, StoreOptions
+from ..store import OwnershipLostError, RecordStore, StoreOptions
 from .hostruns import host_runs
 from .payloads import check_payload_files
 from .ports import ChangeListener
@@ -35,6 +35,20 @@ __all__ = [
 ]
 
 log = logging.getLogger("afterword.service")
+
+async def watch_ownership(store: RecordStore) -> None:
+    """Re-check, every ``ownership_check_seconds``, that the state directory and its lock file
+    are still the ones this process locked. When one was removed or replaced, another process
+    may now open the directory: writes are refused from then on and the service stops with
+    :class:`OwnershipLostError` (``serve`` exits non-zero)."""
+    while True:
+        await anyio.sleep(store.options.ownership_check_seconds)
+        try:
+            store.check_ownership()
+        except OwnershipLostError as exc:
+            log.error("store: %s; stopping: restart afterword after checking the state directory", exc)
+            raise
+
 
 @asynccontextmanager
 async def open_service(
@@ -99,20 +113,25 @@ async def open_service(
         service.register_server(http)  # metrics read its connection counts
         if serve_http:
             http.bind()  # outside the task group, so a busy port is a plain ServeError
-        async with anyio.create_task_group() as tg:
-            if serve_http:
-                await http.start(tg)
-                tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
-            if run_worker:
-                await tg.start(worker.run)
-            try:
-                yield service
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if serve_http:
-                        await http.stop()
-                    await worker.stop()
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                if serve_http:
+                    await http.start(tg)
+                    tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
+                if run_worker:
+                    await tg.start(worker.run)
+                tg.start_soon(watch_ownership, store)
+                try:
+                    yield service
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        if serve_http:
+                            await http.stop()
+                        await worker.stop()
+                    tg.cancel_scope.cancel()
+        except* OwnershipLostError as group:
+            # The watcher stopped the service: the caller (serve) sees the store error itself.
+            raise group.exceptions[0] from None
     finally:
         if http is not None:
             http.unbind()
