@@ -46,7 +46,11 @@ _ADVICE: dict[str, tuple[str, str]] = {
         _RESTORE_ALL,
     ),
     "manifest_behind_records": ("MANIFEST is older than the record files (rolled back)", _RESTORE_ALL),
-    "manifest_missing": ("MANIFEST is gone although the log holds data", _RESTORE_ALL),
+    "manifest_missing": (
+        "MANIFEST is gone although the directory holds files only a used store writes (the path named "
+        "above); opening it as a new, empty store would forget everything it acknowledged",
+        _RESTORE_ALL,
+    ),
     "record_undecodable": (
         "a committed continuation record does not decode, so the service refuses to open over it",
         "Restore the state directory from a backup taken before the record was written; the key "

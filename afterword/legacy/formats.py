@@ -8,11 +8,10 @@ import msgspec
 
 from ..disk import StateRoot, UnsafeStateError, is_temp_name
 from ..errors import StateError
+from ..store.loading import GUARD_PATH as GUARD_PATH
 
 V1_FILE = "continuations.json"
-V2_DIR = "records-v2"
-GUARD = "ROLLBACK-GUARD"
-GUARD_PATH = f"{V2_DIR}/{GUARD}"
+V2_DIR, GUARD = GUARD_PATH.split("/")
 MAX_V1_BYTES = 256 * 1024 * 1024
 MAX_V2_RECORD_BYTES = 4 * 1024 * 1024  # a v2 file may hold more than v3 allows; checked after
 GUARD_TEXT = (

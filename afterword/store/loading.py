@@ -20,6 +20,8 @@ MANIFEST = "MANIFEST"
 SECRET = "secret"
 RECORDS = "records"
 WAL_DIR = "wal"
+# The rollback guard of the legacy v2 layout (afterword.legacy): a state file like any other.
+GUARD_PATH = "records-v2/ROLLBACK-GUARD"
 SECRET_BYTES = 32
 
 
