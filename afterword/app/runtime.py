@@ -20,11 +20,12 @@ from ..continuations.errors import ServiceDisabled
 from ..history import ConversationHistory
 from ..http.server import HttpServer
 from ..legacy import open_state
+from ..legacy.migrate import v3_continuations
 from ..store import OwnershipLostError, RecordStore, StoreOptions
 from .hostruns import host_runs
-from .payloads import check_payload_files
 from .ports import ChangeListener
 from .service import ContinuationService, wall_clock_ms
+from .statecheck import check_service_state
 
 if TYPE_CHECKING:
     from ..worker.channels import Channel
@@ -88,8 +89,9 @@ async def open_service(
         open_state(store, config)  # fence and legacy migration come before any v3 work
         blobs = BlobStore(store.root, store.secret)
         service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
-        payloads = service.payloads  # before anything acts on a record whose payload is gone
-        check_payload_files(service.repo.live(), payloads.size, lambda d: store.root.path(f"{payloads.rel_dir}/{d}"))
+        # The verdict doctor gives too (statecheck.py); open_state and the blob stores above
+        # already applied the same functions, so this repeats them at the cost of an lstat per blob.
+        check_service_state(store.root, store.manifest, v3_records=v3_continuations(store), live=service.repo.live())
         from ..worker.compose import attach_worker  # the worker layer sits above the service
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)

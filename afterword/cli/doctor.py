@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..app.payloads import PAYLOADS_DIR, check_payload_files
 from ..app.repository import LIVE, TOMB
+from ..app.statecheck import check_service_state
 from ..continuations.model import decode_continuation, decode_tombstone
 from ..disk import DiskError, UnsafeStateError
+from ..legacy.formats import MigrationError
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
 from ..wal import WalError, WalEvidenceError
@@ -64,6 +65,17 @@ _ADVICE: dict[str, tuple[str, str]] = {
         "the file holding an accepted result's payload is not the size it was written with (truncated or replaced)",
         "Restore payloads/ (with the rest of the directory) from one backup: " + _RESTORE_ALL,
     ),
+    "guard_missing": (
+        "records-v2/ROLLBACK-GUARD is gone while v3 records exist; an older (0.10) runtime may have "
+        "written records-v2/ since, and serve refuses to start",
+        "Restore the complete state directory from one backup (docs/upgrading.md); do not recreate "
+        "the guard by hand.",
+    ),
+    "legacy_unfenced": (
+        "legacy (0.10) records sit beside v3 records with no rollback guard; serve refuses to merge them",
+        "Restore the complete state directory from one backup (docs/upgrading.md).",
+    ),
+    "migration": ("legacy state cannot be migrated (see the message)", "See docs/upgrading.md."),
     "bad_lock_file": (
         "owner.db (the ownership lock) is not an SQLite database; it holds no state",
         "With no host running, delete owner.db; the next start recreates it. No restore needed.",
@@ -117,10 +129,10 @@ def diagnose(state_dir: str) -> Diagnosis:
             d.meaning, d.restore = _ADVICE["record_undecodable"]
             return d
         try:
-            _check_payloads(view, state_dir)
-        except EvidenceError as exc:
-            d.healthy, d.rule, d.path, d.problem = False, exc.rule, exc.path, str(exc)
-            d.meaning, d.restore = _ADVICE[exc.rule]
+            _check_service_state(view)
+        except (EvidenceError, UnsafeStateError, MigrationError) as exc:
+            d.healthy, d.rule, d.path, d.problem = False, exc.rule or "migration", exc.path, str(exc)
+            d.meaning, d.restore = _ADVICE.get(d.rule, _ADVICE["migration"])
             return d
         d.facts = {
             "records": len(view),
@@ -150,20 +162,12 @@ def _undecodable_continuation(view: StoreView) -> str | None:
     return None
 
 
-def _check_payloads(view: StoreView, state_dir: str) -> None:
-    """What the service's open checks of out-of-line payload files, by ``lstat`` alone."""
-
-    def path_of(digest: str) -> str:
-        return os.path.join(state_dir, PAYLOADS_DIR, digest)
-
-    def size_of(digest: str) -> int | None:
-        try:
-            return os.lstat(path_of(digest)).st_size
-        except FileNotFoundError:
-            return None
-
-    records = (decode_continuation(r.value) for r in view.items(LIVE))
-    check_payload_files(records, size_of, path_of)
+def _check_service_state(view: StoreView) -> None:
+    """What the service's open checks beyond the store's rules: the same function, so that
+    doctor and serve give one verdict."""
+    live = [decode_continuation(r.value) for r in view.items(LIVE)]
+    v3_records = len(live) + sum(1 for _ in view.items(TOMB))
+    check_service_state(view.root, view.manifest, v3_records=v3_records, live=live)
 
 
 def _side_notes(state_dir: str) -> list[str]:

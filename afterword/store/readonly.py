@@ -25,7 +25,16 @@ from ..wal.reader import read_chain
 from .codec import Manifest, Op, RecordImage, decode_tx
 from .errors import StoreError
 from .evidence import Digest, ReplayCheck, check_secret
-from .loading import MANIFEST, RECORDS, SECRET, WAL_DIR, load_record_files, read_manifest, read_secret
+from .loading import (
+    MANIFEST,
+    RECORDS,
+    SECRET,
+    WAL_DIR,
+    check_guard_file,
+    load_record_files,
+    read_manifest,
+    read_secret,
+)
 from .store import StoreOptions
 from .usage import refuse_if_used
 
@@ -118,6 +127,7 @@ def _manifest_bytes(root: StateRoot) -> bytes | None:
 
 
 def _read(root: StateRoot, options: StoreOptions) -> StoreView:
+    check_guard_file(root)
     secret = read_secret(root)
     manifest = read_manifest(root)
     if manifest is not None:

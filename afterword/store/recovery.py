@@ -22,6 +22,7 @@ from .loading import (
     SECRET,
     SECRET_BYTES,
     WAL_DIR,
+    check_guard_file,
     load_record_files,
     read_manifest,
     read_secret,
@@ -43,6 +44,7 @@ class Recovered:
 def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Recovered:
     """Bring ``state`` to the last durable commit of the directory at ``root``."""
     root.remove_temporaries("")
+    check_guard_file(root)
     manifest = read_manifest(root)
     secret = read_secret(root)
     if manifest is None:
