@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     damage.add_argument("--ops", type=int, help="logical operations per workload (default: its own)")
     damage.add_argument("--budget", type=int, help="cases per workload and damage kind (default: all)")
     damage.add_argument("--case", help="run one case again (the id a report printed)")
+    damage.add_argument("--kind", action="append", help="repeatable; only cases of this damage kind")
     damage.add_argument("--workdir")
 
     sub.add_parser("list", help="workloads and persistence models")
@@ -223,7 +224,7 @@ def _damage(args: argparse.Namespace) -> int:
         for seed in _seeds(args.seeds):
             for name in args.workload or DAMAGE_WORKLOADS:
                 workload = get_workload(name)(seed=seed, ops=args.ops)
-                result = run_damage(workload, scratch, budget=args.budget, only=args.case)
+                result = run_damage(workload, scratch, budget=args.budget, only=args.case, kinds=args.kind)
                 _progress(f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations")
                 results.append(result)
     if args.case and not any(r.cases for r in results):  # a mistyped id must not read as a pass
