@@ -21,7 +21,8 @@ from _service import ENV, load, write_config
 from test_lock import LOCKED_EXIT, try_open_elsewhere
 
 import afterword
-from afterword.disk import DiskFailedError
+from afterword.cli.doctor import diagnose
+from afterword.disk import DiskFailedError, UnsafeStateError
 from afterword.store import OwnershipLostError, Put, RecordStore, StoreLockedError, StoreOptions
 
 
@@ -77,6 +78,40 @@ def test_owner_notices_and_refuses_writes(state_dir: str, damage: str) -> None:
     if damage == "directory_moved":
         # The close wrote nothing into the directory that now sits at the old path.
         assert os.listdir(state_dir) == []
+
+
+def test_a_directory_moved_away_is_not_recreated_empty(state_dir: str) -> None:
+    """The owner leaves a file at the path its directory was moved away from: the next start
+    (and doctor) refuse it instead of creating a new, empty state directory there."""
+    populate(state_dir)
+    store = RecordStore.open(state_dir, options=SMALL)
+    try:
+        os.rename(state_dir, state_dir + ".moved")
+        with pytest.raises(OwnershipLostError, match="a file now stands at its path"):
+            store.check_ownership()
+    finally:
+        store.close()
+    assert os.path.isfile(state_dir)
+    with open(state_dir, "rb") as fh:
+        assert b"moved away" in fh.read()
+    with pytest.raises(UnsafeStateError) as err:
+        RecordStore.open(state_dir, options=SMALL)
+    assert err.value.rule == "not_directory" and "a host leaves one" in str(err.value)
+    assert not diagnose(state_dir).healthy
+    # Moved back, it opens with everything it held.
+    os.unlink(state_dir)
+    os.rename(state_dir + ".moved", state_dir)
+    with RecordStore.open(state_dir, options=SMALL) as reopened:
+        assert reopened.get("wal:only") is not None
+
+
+def test_a_clean_stop_notices_a_moved_directory_too(state_dir: str) -> None:
+    populate(state_dir)
+    store = RecordStore.open(state_dir, options=SMALL)
+    store.transact_sync([Put("k:1", b"v")])
+    os.rename(state_dir, state_dir + ".moved")
+    store.close()
+    assert os.path.isfile(state_dir)
 
 
 def test_service_stops_when_its_lock_file_is_removed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -109,6 +109,13 @@ class CheckedRoot:
             raise UnsafeStateError(self.root, "missing") from None
         if stat.S_ISLNK(st.st_mode):
             raise UnsafeStateError(self.root, "symlink")
+        if stat.S_ISREG(st.st_mode):
+            raise UnsafeStateError(
+                self.root,
+                "not_directory",
+                "a file stands where the state directory belongs: a host leaves one when its "
+                "directory is moved away while it runs; read it",
+            )
         check_dir_stat(self.root, st, self.euid)
 
     def _open_dir_fd(self, rel: str) -> int:
@@ -164,6 +171,26 @@ class CheckedRoot:
             raise UnsafeStateError(self.root, "symlink")
         if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
             raise UnsafeStateError(self.root, "identity_changed", "path names another directory")
+
+    def leave_gone_marker(self, text: bytes) -> bool:
+        """Put a small regular file (``text``, 0600, fsynced with its parent) where the root
+        directory was, if nothing is there now; True if made. A host whose state directory
+        was moved away calls this, so that the next start does not create a new, empty
+        directory in its place (an open refuses a root that is not a directory)."""
+        try:
+            fd = self.disk.open(self.root, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return False  # something is at the path again, or its parent is gone too
+        try:
+            try:
+                self.disk.pwrite(fd, text, 0)
+                self.disk.fsync(fd)
+            finally:
+                self.disk.close(fd)
+            self.disk.fsync_dir(os.path.dirname(self.root))
+        except OSError:
+            return False
+        return True
 
     def check_dir(self, rel: str) -> None:
         """Validate every component of ``rel`` (raises ``UnsafeStateError``)."""

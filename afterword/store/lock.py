@@ -21,6 +21,11 @@ from ..disk import FileHandle, StateRoot, UnsafeStateError
 from .errors import OwnershipLostError, StoreLockedError
 
 OWNER_DB = "owner.db"
+_GONE_TEXT = (
+    b"afterword: the state directory that was here was moved away or removed while a host was\n"
+    b"serving it. That host stopped. Put the directory back here, or delete this file to start\n"
+    b"with a new, empty state directory (everything the old one acknowledged is then unknown).\n"
+)
 _held: set[tuple[int, int]] = set()
 _held_lock = threading.Lock()
 
@@ -111,7 +116,10 @@ class OwnershipLock:
         try:
             self._root.check_root_identity(self._dir_lock)
         except UnsafeStateError as exc:
-            raise OwnershipLostError(self._root.root, exc.detail or exc.rule) from None
+            detail = exc.detail or exc.rule
+            if self._root.leave_gone_marker(_GONE_TEXT):
+                detail += "; a file now stands at its path so that no new, empty one is created there"
+            raise OwnershipLostError(self._root.root, detail) from None
         try:
             st = self._root.disk.lstat(self.path)
         except FileNotFoundError:

@@ -388,11 +388,17 @@ class RecordStore:
             return
         self._closed = True
         try:
+            if self.root.failed is None:
+                # The MANIFEST goes by path: only into our own directory. A directory moved
+                # away is noticed here too (and marked, see OwnershipLock.check).
+                try:
+                    self.check_ownership()
+                except OwnershipLostError as exc:
+                    log.error("store: %s", exc)
             if self.root.failed is None and self._wal.durable_lsn > self.manifest.acked_lsn:
                 # A clean stop records how far the log was acknowledged, so that later damage
                 # to its last frames is told apart from a torn write.
                 try:
-                    self.check_ownership()  # the MANIFEST goes by path: only into our own directory
                     self._manifests.write()
                 except Exception as exc:
                     log.warning("store: could not record the acknowledged lsn at close: %s", exc)
