@@ -9,8 +9,9 @@ durable, so a secret without a MANIFEST and without that mark is never a new one
 files, log slots and repair copies, the checkpoint catalog, the rollback guard, stored blobs
 and payloads. Finding one, the open refuses (``manifest_missing``) and names it.
 
-What cannot be detected: a directory stripped of every one of those files, or moved away
-and replaced by nothing, leaves no trace inside its path; it opens as new.
+What cannot be detected here: a directory stripped of every one of those files opens as new.
+(A directory moved away leaves nothing at its path; its owner marks the path when it notices,
+see ``OwnershipLock.check``.)
 """
 
 from __future__ import annotations
