@@ -23,6 +23,10 @@ from fakes.producer import reply_run
 
 import afterword
 from afterword.cli.doctor import diagnose
+from afterword.disk import DiskError
+from afterword.legacy.formats import MigrationError
+from afterword.store import StoreError
+from afterword.wal import WalError
 
 DETAIL = "x" * (40 * 1024)  # out of line: above the 16 KiB inline limit
 Damage = Callable[[Path], None]
@@ -35,11 +39,11 @@ def _only(state: Path, sub: str) -> Path:
 
 
 def _payload(state: Path) -> Path:
-    return _only(state, "payloads")
+    return _only(state, "payloads")  # the second result is inline
 
 
 def _blob(state: Path) -> Path:
-    return _only(state, "blobs")
+    return sorted((state / "blobs").iterdir())[0]
 
 
 def _guard(state: Path) -> Path:
@@ -105,6 +109,32 @@ def _foreign_file_in_blobs(state: Path) -> None:
     os.chmod(state / "blobs" / "README", 0o600)
 
 
+def _garbage(which: Callable[[Path], Path], size: int = 4096) -> Damage:
+    def damage(state: Path) -> None:
+        which(state).write_bytes(os.urandom(size))
+
+    return damage
+
+
+def _first(sub: str, suffix: str) -> Callable[[Path], Path]:
+    return lambda state: sorted(p for p in (state / sub).iterdir() if p.name.endswith(suffix))[0]
+
+
+def _dir_symlink(sub: str) -> Damage:
+    def damage(state: Path) -> None:
+        aside = state.parent / (sub + ".aside")
+        (state / sub).rename(aside)
+        (state / sub).symlink_to(aside)
+
+    return damage
+
+
+def _leftover_temporary(state: Path) -> None:
+    path = state / "records" / ".x.rec.tmp-1-1"
+    path.write_bytes(b"half a record")
+    os.chmod(path, 0o600)
+
+
 # name -> (damage, whether a correct service must refuse it)
 CASES: dict[str, tuple[Damage, bool]] = {
     "undamaged": (lambda state: None, False),
@@ -126,6 +156,18 @@ CASES: dict[str, tuple[Damage, bool]] = {
     "guard_dir_mode_0755": (_chmod(lambda s: s / "records-v2", 0o755), True),
     "secret_mode_0644": (_chmod(lambda s: s / "secret", 0o644), True),
     "secret_deleted": (_remove("secret"), True),
+    "owner_db_garbage": (_garbage(lambda s: s / "owner.db"), True),
+    "owner_db_mode_0644": (_chmod(lambda s: s / "owner.db", 0o644), True),
+    "manifest_garbage": (_garbage(lambda s: s / "MANIFEST", 300), True),
+    "manifest_truncated": (_truncate(lambda s: s / "MANIFEST"), True),
+    "secret_wrong_size": (_garbage(lambda s: s / "secret", 16), True),
+    "record_file_truncated": (_truncate(_first("records", ".rec")), True),
+    "log_segment_deleted": (_unlink(_first("wal", ".seg")), True),
+    "catalog_garbage": (_garbage(lambda s: s / "CATALOG"), False),  # derived: every file is read instead
+    "records_dir_mode_0755": (_chmod(lambda s: s / "records", 0o755), True),
+    "blobs_dir_mode_0755": (_chmod(lambda s: s / "blobs", 0o755), True),
+    "payloads_dir_symlink": (_dir_symlink("payloads"), True),
+    "leftover_temporary": (_leftover_temporary, False),
     "manifest_and_log_deleted": (_remove("MANIFEST", "wal/*.seg"), True),
     "manifest_log_records_deleted": (_remove("MANIFEST", "CATALOG", "wal/*.seg", "records/*.rec"), True),
 }
@@ -144,6 +186,8 @@ def used_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             claimed = await reply_run(h.service, h.producer, {"summary": "s", "detail": DETAIL})
             rec = h.service.repo.get(claimed.id)
             assert rec is not None and rec.result is not None and rec.result.payload_digest is not None
+            await h.service.store.checkpoint()  # record files and a catalog to damage
+            await reply_run(h.service, h.producer, {"summary": "after"}, run_id="run-2")  # and a log
 
     anyio.run(fill)
     state = Path(config.state_dir)
@@ -160,8 +204,9 @@ def _serve_verdict(root: Path) -> tuple[bool, str, str]:
 
     try:
         anyio.run(open_once)
-    except Exception as exc:
-        return False, getattr(exc, "rule", "") or type(exc).__name__, getattr(exc, "path", "")
+    except (StoreError, WalError, DiskError, MigrationError) as exc:
+        # doctor calls damage that names no rule "corrupt" (a file that does not decode)
+        return False, getattr(exc, "rule", "") or "corrupt", getattr(exc, "path", "")
     return True, "", ""
 
 

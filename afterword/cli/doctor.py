@@ -19,9 +19,8 @@ from ..disk import DiskError, UnsafeStateError
 from ..legacy.formats import MigrationError
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
+from ..store.lock import check_lock_file
 from ..wal import WalError, WalEvidenceError
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _RESTORE_ALL = (
     "Restore the whole state directory from one backup (MANIFEST, secret, records/, wal/ and "
@@ -165,6 +164,7 @@ def _undecodable_continuation(view: StoreView) -> str | None:
 def _check_service_state(view: StoreView) -> None:
     """What the service's open checks beyond the store's rules: the same function, so that
     doctor and serve give one verdict."""
+    check_lock_file(view.root)  # what the owner's open demands of owner.db before it locks
     live = [decode_continuation(r.value) for r in view.items(LIVE)]
     v3_records = len(live) + sum(1 for _ in view.items(TOMB))
     check_service_state(view.root, view.manifest, v3_records=v3_records, live=live)
@@ -181,14 +181,6 @@ def _side_notes(state_dir: str) -> list[str]:
                 "a torn tail that was never acknowledged, or restored a damaged last write from its "
                 "shadow copy; they may be deleted"
             )
-    owner = os.path.join(state_dir, "owner.db")
-    try:
-        with open(owner, "rb") as fh:  # read-only, never locked: holds no state
-            head = fh.read(len(SQLITE_MAGIC))
-    except OSError:
-        head = b""
-    if head and head != SQLITE_MAGIC:
-        notes.append(f"{owner}: bad_lock_file: " + _ADVICE["bad_lock_file"][1])
     return notes
 
 

@@ -30,6 +30,29 @@ _held: set[tuple[int, int]] = set()
 _held_lock = threading.Lock()
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_lock_file(root: StateRoot) -> tuple[int, int] | None:
+    """What an owner's open demands of ``owner.db`` before it locks it, checked without
+    locking it (the open and ``doctor`` both use this): the state-file rules
+    (``UnsafeStateError``), and an SQLite database or an empty file (``bad_lock_file``).
+    Returns the file's identity, or None when there is none.
+
+    Opening and closing a descriptor of the file drops this process's SQLite lock on it, so
+    an owner calls this only before it locks (the directory's own lock is not affected)."""
+    if not root.exists(OWNER_DB):
+        return None
+    handle = root.open_file(OWNER_DB)
+    try:
+        head = root.pread(handle, len(SQLITE_MAGIC), 0)
+    finally:
+        root.close(handle)
+    if head and head != SQLITE_MAGIC:
+        raise UnsafeStateError(handle.path, "bad_lock_file", "not an SQLite database; remove it while no host runs")
+    return handle.dev, handle.ino
+
+
 class OwnershipLock:
     def __init__(
         self, root: StateRoot, dir_lock: FileHandle, conn: sqlite3.Connection, identity: tuple[int, int], path: str
@@ -73,12 +96,8 @@ class OwnershipLock:
                 raise StoreLockedError(f"{root.root}: already open in this process")
             _held.add(identity)
         try:
-            handle = root.open_file(OWNER_DB)  # fail-closed checks on the lock file itself
-            try:
-                if (handle.dev, handle.ino) != identity:
-                    raise UnsafeStateError(path, "identity_changed", "replaced while opening")
-            finally:
-                root.close(handle)
+            if check_lock_file(root) != identity:  # fail-closed checks on the lock file itself
+                raise UnsafeStateError(path, "identity_changed", "replaced while opening")
             conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
             try:
                 conn.execute("PRAGMA locking_mode=EXCLUSIVE")
