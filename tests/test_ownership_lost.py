@@ -22,7 +22,7 @@ from test_lock import LOCKED_EXIT, try_open_elsewhere
 
 import afterword
 from afterword.cli.doctor import diagnose
-from afterword.disk import DiskFailedError, UnsafeStateError
+from afterword.disk import DiskFailedError, OsDisk, UnsafeStateError
 from afterword.store import OwnershipLostError, Put, RecordStore, StoreLockedError, StoreOptions
 
 
@@ -157,3 +157,22 @@ def test_serve_refuses_a_second_host_and_the_first_exits_non_zero(tmp_path: Path
     with served(config) as again:
         assert again.status(claim)["state"] == "claimed"
 
+
+
+def test_an_owner_that_cannot_look_counts_its_ownership_lost(state_dir: str) -> None:
+    class Blind(OsDisk):
+        blind = False
+
+        def lstat(self, path: str) -> os.stat_result:
+            if self.blind and path.endswith("owner.db"):
+                raise PermissionError(13, "Permission denied", path)
+            return super().lstat(path)
+
+    disk = Blind()
+    populate(state_dir)
+    with RecordStore.open(state_dir, disk=disk, options=SMALL) as store:
+        disk.blind = True
+        with pytest.raises(OwnershipLostError, match="cannot check it: Permission denied"):
+            store.check_ownership()
+        assert store.storage_problem() is not None
+        disk.blind = False

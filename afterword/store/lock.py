@@ -133,6 +133,13 @@ class OwnershipLock:
         if self._dir_lock is None:
             return
         try:
+            self._check()
+        except OSError as exc:  # cannot look (EACCES, EIO): ownership is no longer provable
+            raise OwnershipLostError(self._root.root, f"cannot check it: {exc.strerror or exc}") from None
+
+    def _check(self) -> None:
+        assert self._dir_lock is not None
+        try:
             self._root.check_root_identity(self._dir_lock)
         except UnsafeStateError as exc:
             detail = exc.detail or exc.rule
