@@ -37,6 +37,7 @@ __all__ = [
 
 log = logging.getLogger("afterword.service")
 
+
 async def watch_ownership(store: RecordStore) -> None:
     """Re-check, every ``ownership_check_seconds``, that the state directory and its lock file
     are still the ones this process locked. When one was removed or replaced, another process

@@ -96,6 +96,9 @@ _ADVICE: dict[str, tuple[str, str]] = {
 }
 
 
+_DAMAGED = ("committed state is damaged (a file does not decode or the log is inconsistent)", _RESTORE_ALL)
+
+
 @dataclass
 class Diagnosis:
     state_dir: str
@@ -131,7 +134,7 @@ def diagnose(state_dir: str) -> Diagnosis:
             _check_service_state(view)
         except (EvidenceError, UnsafeStateError, MigrationError) as exc:
             d.healthy, d.rule, d.path, d.problem = False, exc.rule or "migration", exc.path, str(exc)
-            d.meaning, d.restore = _ADVICE.get(d.rule, _ADVICE["migration"])
+            d.meaning, d.restore = _ADVICE.get(d.rule, _DAMAGED)
             return d
         d.facts = {
             "records": len(view),
@@ -143,10 +146,7 @@ def diagnose(state_dir: str) -> Diagnosis:
         if not os.path.exists(os.path.join(state_dir, "MANIFEST")):
             d.notes.append("no MANIFEST yet: the directory was never opened by a host")
         return d
-    d.meaning, d.restore = _ADVICE.get(
-        d.rule,
-        ("committed state is damaged (a file does not decode or the log is inconsistent)", _RESTORE_ALL),
-    )
+    d.meaning, d.restore = _ADVICE.get(d.rule, _DAMAGED)
     return d
 
 
