@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
+from afterword.disk import FileHandle
+from afterword.disk.root import CheckedRoot
 from afterword.store import evidence
+from afterword.store import lock as store_lock
+from afterword.store import recovery as store_recovery
 from afterword.wal import recovery as wal_recovery
 from afterword.wal import scan as wal_scan
 from tools.crashsim.__main__ import _seeds, main
-from tools.crashsim.damage import DAMAGE_WORKLOADS, KINDS, run_damage
+from tools.crashsim.damage import DAMAGE_WORKLOADS, DIRECTORY_KINDS, KINDS, run_damage
 from tools.crashsim.runner import Scratch
 from tools.crashsim.workloads import get_workload
 
@@ -77,3 +82,56 @@ def test_cli_reports_counts_and_replays_one_case(capsys: pytest.CaptureFixture[s
     assert "silent_loss" in out and "0 silent losses" in out
     assert main(["damage", "--workload", "store-tx", "--case", "2:delete:secret"]) == 0
     assert "1 damage cases: 1 failed closed" in capsys.readouterr().out
+
+
+# -- damage to the directory as a whole (issue 29: emptied, lock deleted, guard replaced) ----
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("name", DAMAGE_WORKLOADS)
+def test_directory_damage_fails_closed(name: str, seed: int, scratch: Scratch) -> None:
+    result = run_damage(get_workload(name)(seed=seed), scratch, kinds=DIRECTORY_KINDS)
+    assert result.examples == [] and result.violations == 0
+    assert result.total("silent_loss") == 0
+    for kind in DIRECTORY_KINDS:
+        counts = result.counts[kind]
+        assert counts["fail_closed"] == sum(counts.values()) >= result.snapshots, kind
+
+
+def _mutant_outcomes(scratch: Scratch, kind: str) -> Counter[str]:
+    result = run_damage(get_workload("checkpoint")(seed=0), scratch, kinds=(kind,))
+    return result.counts[kind]
+
+
+@pytest.mark.parametrize("kind", ["emptied-log", "emptied"])
+def test_emptied_directories_are_silent_losses_without_use_evidence(
+    kind: str, scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_recovery, "refuse_if_used", lambda root: None)
+    assert _mutant_outcomes(scratch, kind)["silent_loss"] > 0
+
+
+def test_a_second_owner_loses_acknowledged_work_without_the_directory_lock(
+    scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def open_without_flock(self: CheckedRoot) -> FileHandle:
+        fd = self._open_dir_fd("")
+        st = self.disk.fstat(fd)
+        return FileHandle(fd=fd, path=self.root, dev=st.st_dev, ino=st.st_ino)
+
+    monkeypatch.setattr(CheckedRoot, "lock_root", open_without_flock)
+    assert _mutant_outcomes(scratch, "lock-deleted")["silent_loss"] > 0
+
+
+def test_an_owner_that_never_rechecks_its_lock_file_is_caught(
+    scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_lock.OwnershipLock, "check", lambda self: None)
+    outcomes = _mutant_outcomes(scratch, "lock-deleted")
+    assert outcomes["unsafe_open"] == sum(outcomes.values()) > 0
+
+
+def test_a_replaced_guard_is_caught_without_its_file_rules(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_recovery, "check_guard_file", lambda root: False)
+    outcomes = _mutant_outcomes(scratch, "guard-replaced")
+    assert outcomes["unsafe_open"] == sum(outcomes.values()) > 0

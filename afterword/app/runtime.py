@@ -20,11 +20,12 @@ from ..continuations.errors import ServiceDisabled
 from ..history import ConversationHistory
 from ..http.server import HttpServer
 from ..legacy import open_state
-from ..store import RecordStore, StoreOptions
+from ..legacy.migrate import v3_continuations
+from ..store import OwnershipLostError, RecordStore, StoreOptions
 from .hostruns import host_runs
-from .payloads import check_payload_files
 from .ports import ChangeListener
 from .service import ContinuationService, wall_clock_ms
+from .statecheck import check_service_state
 
 if TYPE_CHECKING:
     from ..worker.channels import Channel
@@ -35,6 +36,21 @@ __all__ = [
 ]
 
 log = logging.getLogger("afterword.service")
+
+
+async def watch_ownership(store: RecordStore) -> None:
+    """Re-check, every ``ownership_check_seconds``, that the state directory and its lock file
+    are still the ones this process locked. When one was removed or replaced, another process
+    may now open the directory: writes are refused from then on and the service stops with
+    :class:`OwnershipLostError` (``serve`` exits non-zero)."""
+    while True:
+        await anyio.sleep(store.options.ownership_check_seconds)
+        try:
+            store.check_ownership()
+        except OwnershipLostError as exc:
+            log.error("store: %s; stopping: restart afterword after checking the state directory", exc)
+            raise
+
 
 @asynccontextmanager
 async def open_service(
@@ -74,8 +90,9 @@ async def open_service(
         open_state(store, config)  # fence and legacy migration come before any v3 work
         blobs = BlobStore(store.root, store.secret)
         service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
-        payloads = service.payloads  # before anything acts on a record whose payload is gone
-        check_payload_files(service.repo.live(), payloads.size, lambda d: store.root.path(f"{payloads.rel_dir}/{d}"))
+        # The verdict doctor gives too (statecheck.py); open_state and the blob stores above
+        # already applied the same functions, so this repeats them at the cost of an lstat per blob.
+        check_service_state(store.root, store.manifest, v3_records=v3_continuations(store), live=service.repo.live())
         from ..worker.compose import attach_worker  # the worker layer sits above the service
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
@@ -99,20 +116,25 @@ async def open_service(
         service.register_server(http)  # metrics read its connection counts
         if serve_http:
             http.bind()  # outside the task group, so a busy port is a plain ServeError
-        async with anyio.create_task_group() as tg:
-            if serve_http:
-                await http.start(tg)
-                tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
-            if run_worker:
-                await tg.start(worker.run)
-            try:
-                yield service
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if serve_http:
-                        await http.stop()
-                    await worker.stop()
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                if serve_http:
+                    await http.start(tg)
+                    tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
+                if run_worker:
+                    await tg.start(worker.run)
+                tg.start_soon(watch_ownership, store)
+                try:
+                    yield service
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        if serve_http:
+                            await http.stop()
+                        await worker.stop()
+                    tg.cancel_scope.cancel()
+        except* OwnershipLostError as group:
+            # The watcher stopped the service: the caller (serve) sees the store error itself.
+            raise group.exceptions[0] from None
     finally:
         if http is not None:
             http.unbind()

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hmac
 import re
+import stat
 import threading
 from hashlib import sha256
 
 import blake3
 
-from ..disk import StateRoot
+from ..disk import StateRoot, UnsafeStateError
+from ..disk.root import CheckedRoot
+from ..disk.rules import check_file_stat
 from ..store.keys import BLOB_BINDING, derive_key
 from .errors import (
     BlobBindingError,
@@ -33,6 +36,26 @@ _BIND_DOMAIN = b"afterword-blob-binding-v1\x00"
 
 def blob_digest(data: bytes) -> str:
     return blake3.blake3(data).hexdigest()
+
+
+def stored_sizes(root: CheckedRoot, rel_dir: str) -> dict[str, int]:
+    """The size of every blob in ``rel_dir`` (absent: none), each held to the state-file rules
+    (``UnsafeStateError``: a symlink, a non-regular file, a hard link, another owner, group or
+    other bits). Files not named by a digest are foreign: left alone and never served. The
+    service's open and ``doctor`` both judge a blob directory by this function alone."""
+    if not root.exists(rel_dir):
+        return {}
+    sizes: dict[str, int] = {}
+    for name in root.listdir(rel_dir):
+        if not _DIGEST_RE.match(name):
+            continue
+        path = root.path(f"{rel_dir}/{name}")
+        st = root.disk.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeStateError(path, "symlink")
+        check_file_stat(path, st, root.euid)
+        sizes[name] = st.st_size
+    return sizes
 
 
 def check_digest(digest: str) -> None:
@@ -64,14 +87,7 @@ class BlobStore:
         self._lock = threading.RLock()
         root.ensure_dir(rel_dir)
         root.remove_temporaries(rel_dir)
-        for name in root.listdir(rel_dir):
-            if not _DIGEST_RE.match(name):
-                continue  # foreign files are left alone and never served
-            handle = root.open_file(f"{rel_dir}/{name}")
-            try:
-                self._sizes[name] = root.disk.fstat(handle.fd).st_size
-            finally:
-                root.close(handle)
+        self._sizes = stored_sizes(root, rel_dir)
 
     @property
     def used_bytes(self) -> int:

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..app.payloads import PAYLOADS_DIR, check_payload_files
 from ..app.repository import ACTIVATION, LIVE, TOMB
+from ..app.statecheck import check_service_state
 from ..continuations.model import decode_continuation, decode_tombstone
 from ..disk import DiskError, UnsafeStateError
+from ..legacy.formats import MigrationError
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
+from ..store.lock import check_lock_file
 from ..wal import WalError, WalEvidenceError
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _RESTORE_ALL = (
     "Restore the whole state directory from one backup (MANIFEST, secret, records/, wal/ and "
@@ -46,7 +46,11 @@ _ADVICE: dict[str, tuple[str, str]] = {
         _RESTORE_ALL,
     ),
     "manifest_behind_records": ("MANIFEST is older than the record files (rolled back)", _RESTORE_ALL),
-    "manifest_missing": ("MANIFEST is gone although the log holds data", _RESTORE_ALL),
+    "manifest_missing": (
+        "MANIFEST is gone although the directory holds files only a used store writes (the path named "
+        "above); opening it as a new, empty store would forget everything it acknowledged",
+        _RESTORE_ALL,
+    ),
     "record_undecodable": (
         "a committed continuation record does not decode, so the service refuses to open over it",
         "Restore the state directory from a backup taken before the record was written; the key "
@@ -60,6 +64,17 @@ _ADVICE: dict[str, tuple[str, str]] = {
         "the file holding an accepted result's payload is not the size it was written with (truncated or replaced)",
         "Restore payloads/ (with the rest of the directory) from one backup: " + _RESTORE_ALL,
     ),
+    "guard_missing": (
+        "records-v2/ROLLBACK-GUARD is gone while v3 records exist; an older (0.10) runtime may have "
+        "written records-v2/ since, and serve refuses to start",
+        "Restore the complete state directory from one backup (docs/upgrading.md); do not recreate "
+        "the guard by hand.",
+    ),
+    "legacy_unfenced": (
+        "legacy (0.10) records sit beside v3 records with no rollback guard; serve refuses to merge them",
+        "Restore the complete state directory from one backup (docs/upgrading.md).",
+    ),
+    "migration": ("legacy state cannot be migrated (see the message)", "See docs/upgrading.md."),
     "bad_lock_file": (
         "owner.db (the ownership lock) is not an SQLite database; it holds no state",
         "With no host running, delete owner.db; the next start recreates it. No restore needed.",
@@ -79,6 +94,9 @@ _ADVICE: dict[str, tuple[str, str]] = {
     "not_directory": ("a path that must be a directory is something else", _RESTORE_ALL),
     "too_large": ("a file is larger than its format allows (damaged or foreign)", _RESTORE_ALL),
 }
+
+
+_DAMAGED = ("committed state is damaged (a file does not decode or the log is inconsistent)", _RESTORE_ALL)
 
 
 def fix_for(rule: str) -> str | None:
@@ -119,10 +137,10 @@ def diagnose(state_dir: str) -> Diagnosis:
             d.meaning, d.restore = _ADVICE["record_undecodable"]
             return d
         try:
-            _check_payloads(view, state_dir)
-        except EvidenceError as exc:
-            d.healthy, d.rule, d.path, d.problem = False, exc.rule, exc.path, str(exc)
-            d.meaning, d.restore = _ADVICE[exc.rule]
+            _check_service_state(view)
+        except (EvidenceError, UnsafeStateError, MigrationError) as exc:
+            d.healthy, d.rule, d.path, d.problem = False, exc.rule or "migration", exc.path, str(exc)
+            d.meaning, d.restore = _ADVICE.get(d.rule, _DAMAGED)
             return d
         d.facts = {
             "records": len(view),
@@ -135,10 +153,7 @@ def diagnose(state_dir: str) -> Diagnosis:
         if not os.path.exists(os.path.join(state_dir, "MANIFEST")):
             d.notes.append("no MANIFEST yet: the directory was never opened by a host")
         return d
-    d.meaning, d.restore = _ADVICE.get(
-        d.rule,
-        ("committed state is damaged (a file does not decode or the log is inconsistent)", _RESTORE_ALL),
-    )
+    d.meaning, d.restore = _ADVICE.get(d.rule, _DAMAGED)
     return d
 
 
@@ -153,20 +168,13 @@ def _undecodable_continuation(view: StoreView) -> str | None:
     return None
 
 
-def _check_payloads(view: StoreView, state_dir: str) -> None:
-    """What the service's open checks of out-of-line payload files, by ``lstat`` alone."""
-
-    def path_of(digest: str) -> str:
-        return os.path.join(state_dir, PAYLOADS_DIR, digest)
-
-    def size_of(digest: str) -> int | None:
-        try:
-            return os.lstat(path_of(digest)).st_size
-        except FileNotFoundError:
-            return None
-
-    records = (decode_continuation(r.value) for r in view.items(LIVE))
-    check_payload_files(records, size_of, path_of)
+def _check_service_state(view: StoreView) -> None:
+    """What the service's open checks beyond the store's rules: the same function, so that
+    doctor and serve give one verdict."""
+    check_lock_file(view.root)  # what the owner's open demands of owner.db before it locks
+    live = [decode_continuation(r.value) for r in view.items(LIVE)]
+    v3_records = len(live) + sum(1 for _ in view.items(TOMB))
+    check_service_state(view.root, view.manifest, v3_records=v3_records, live=live)
 
 
 def _what_records_count(view: StoreView) -> str:
@@ -191,14 +199,6 @@ def _side_notes(state_dir: str) -> list[str]:
                 "a torn tail that was never acknowledged, or restored a damaged last write from its "
                 "shadow copy; they may be deleted"
             )
-    owner = os.path.join(state_dir, "owner.db")
-    try:
-        with open(owner, "rb") as fh:  # read-only, never locked: holds no state
-            head = fh.read(len(SQLITE_MAGIC))
-    except OSError:
-        head = b""
-    if head and head != SQLITE_MAGIC:
-        notes.append(f"{owner}: bad_lock_file: " + _ADVICE["bad_lock_file"][1])
     return notes
 
 

@@ -18,6 +18,7 @@ Rules (each violation raises :class:`UnsafeStateError` naming the path and the r
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 
@@ -108,6 +109,13 @@ class CheckedRoot:
             raise UnsafeStateError(self.root, "missing") from None
         if stat.S_ISLNK(st.st_mode):
             raise UnsafeStateError(self.root, "symlink")
+        if stat.S_ISREG(st.st_mode):
+            raise UnsafeStateError(
+                self.root,
+                "not_directory",
+                "a file stands where the state directory belongs: a host leaves one when its "
+                "directory is moved away while it runs; read it",
+            )
         check_dir_stat(self.root, st, self.euid)
 
     def _open_dir_fd(self, rel: str) -> int:
@@ -135,6 +143,54 @@ class CheckedRoot:
         except BaseException:
             self.disk.close(fd)
             raise
+
+    def lock_root(self) -> FileHandle:
+        """Open the root directory and take an exclusive, non-blocking ``flock`` on it.
+
+        The lock belongs to the directory itself, not to a name inside it, so no file being
+        removed or replaced can release it. Raises ``BlockingIOError`` while another open
+        (another process, or another open in this one) holds it. Closing the handle releases it.
+        """
+        fd = self._open_dir_fd("")
+        try:
+            self.disk.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = self.disk.fstat(fd)
+        except BaseException:
+            self.disk.close(fd)
+            raise
+        return FileHandle(fd=fd, path=self.root, dev=st.st_dev, ino=st.st_ino)
+
+    def check_root_identity(self, handle: FileHandle) -> None:
+        """The root path must still name the directory ``handle`` was opened on (a state
+        directory moved away or replaced is no longer the one its lock protects)."""
+        try:
+            st = self.disk.lstat(self.root)
+        except FileNotFoundError:
+            raise UnsafeStateError(self.root, "identity_changed", "state directory moved away or removed") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeStateError(self.root, "symlink")
+        if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
+            raise UnsafeStateError(self.root, "identity_changed", "path names another directory")
+
+    def leave_gone_marker(self, text: bytes) -> bool:
+        """Put a small regular file (``text``, 0600, fsynced with its parent) where the root
+        directory was, if nothing is there now; True if made. A host whose state directory
+        was moved away calls this, so that the next start does not create a new, empty
+        directory in its place (an open refuses a root that is not a directory)."""
+        try:
+            fd = self.disk.open(self.root, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return False  # something is at the path again, or its parent is gone too
+        try:
+            try:
+                self.disk.pwrite(fd, text, 0)
+                self.disk.fsync(fd)
+            finally:
+                self.disk.close(fd)
+            self.disk.fsync_dir(os.path.dirname(self.root))
+        except OSError:
+            return False
+        return True
 
     def check_dir(self, rel: str) -> None:
         """Validate every component of ``rel`` (raises ``UnsafeStateError``)."""

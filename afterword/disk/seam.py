@@ -7,6 +7,7 @@ implementation with the same methods. Paths are absolute strings; ``dir_fd`` mir
 
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Protocol
 
@@ -60,6 +61,9 @@ class Disk(Protocol):
         ...
 
     def fsync_dir(self, path: str) -> None:
+        ...
+
+    def flock(self, fd: int, operation: int) -> None:
         ...
 
 
@@ -131,6 +135,9 @@ class OsDisk:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def flock(self, fd: int, operation: int) -> None:
+        fcntl.flock(fd, operation)
 
 
 class NoSyncDisk(OsDisk):

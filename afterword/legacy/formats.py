@@ -8,11 +8,12 @@ import msgspec
 
 from ..disk import StateRoot, UnsafeStateError, is_temp_name
 from ..errors import StateError
+from ..store.codec import FORMAT, Manifest
+from ..store.loading import GUARD_PATH as GUARD_PATH
+from ..store.loading import check_guard_file
 
 V1_FILE = "continuations.json"
-V2_DIR = "records-v2"
-GUARD = "ROLLBACK-GUARD"
-GUARD_PATH = f"{V2_DIR}/{GUARD}"
+V2_DIR, GUARD = GUARD_PATH.split("/")
 MAX_V1_BYTES = 256 * 1024 * 1024
 MAX_V2_RECORD_BYTES = 4 * 1024 * 1024  # a v2 file may hold more than v3 allows; checked after
 GUARD_TEXT = (
@@ -22,7 +23,15 @@ GUARD_TEXT = (
 
 
 class MigrationError(StateError):
-    """Legacy state is unsafe, oversized or inconsistent; nothing was published."""
+    """Legacy state is unsafe, oversized or inconsistent; nothing was published.
+
+    ``rule`` names the rollback-guard rule a refusal broke (``guard_missing``,
+    ``legacy_unfenced``; empty for other problems) and ``path`` the file or directory."""
+
+    def __init__(self, message: str, *, rule: str = "", path: str = "") -> None:
+        self.rule = rule
+        self.path = path
+        super().__init__(message)
 
 
 class LegacyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -81,6 +90,33 @@ def v2_names(root: StateRoot) -> list[str]:
 def has_evidence(root: StateRoot) -> bool:
     """v1 or v2 records exist (a records-v2/ holding only the guard is not evidence)."""
     return has_v1(root) or bool(v2_names(root))
+
+
+def check_guard(root: StateRoot, manifest: Manifest, *, have_v3: bool) -> bool:
+    """The rollback guard's rules, for the service's open and ``doctor`` alike; True if the
+    guard is present.
+
+    The guard and ``records-v2/`` obey every state-file rule (``UnsafeStateError``). Once v3
+    records exist, a MANIFEST that requires the guard must find it (``guard_missing``: an older
+    runtime may have written ``records-v2/`` since), and legacy records must not sit beside
+    v3 records that no guard fences (``legacy_unfenced``).
+    """
+    present = check_guard_file(root)
+    if have_v3 and manifest.guard_required and not present:
+        raise MigrationError(
+            f"{root.path(GUARD_PATH)}: rollback guard missing while {FORMAT} records exist; "
+            "an older runtime may have written records-v2/ since. Restore the complete "
+            "pre-upgrade state directory instead of removing the guard",
+            rule="guard_missing",
+            path=root.path(GUARD_PATH),
+        )
+    if have_v3 and not (manifest.guard_required or present) and has_evidence(root):
+        raise MigrationError(
+            f"{root.root}: legacy state beside unfenced v3 records; refusing to merge",
+            rule="legacy_unfenced",
+            path=root.path(V2_DIR),
+        )
+    return present
 
 
 def read_v1(root: StateRoot) -> list[LegacyRecord]:

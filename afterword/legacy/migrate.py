@@ -24,7 +24,7 @@ from ..config import Config
 from ..continuations.model import Continuation, encode
 from ..continuations.retention import plan_retention, retention_limits, tombstone_of
 from ..disk import StateRoot
-from ..store import FORMAT, MAX_RECORD_BYTES, Put, RecordStore
+from ..store import MAX_RECORD_BYTES, Put, RecordStore
 from ..store.keys import CLAIM_BINDING, CONTINUATION_IDS, derive_key
 from .formats import (
     GUARD,
@@ -33,6 +33,7 @@ from .formats import (
     V1_FILE,
     V2_DIR,
     MigrationError,
+    check_guard,
     has_evidence,
     has_v1,
     read_v1,
@@ -83,18 +84,12 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
     manifest = store.manifest
     complete = manifest.meta.get("migration") == "complete"
     have_v3 = v3_continuations(store) > 0
-    if manifest.guard_required and not guard_present(root):
-        if have_v3:
-            raise MigrationError(
-                f"{root.path(GUARD_PATH)}: rollback guard missing while {FORMAT} records exist; "
-                "an older runtime may have written records-v2/ since. Restore the complete "
-                "pre-upgrade state directory instead of removing the guard"
-            )
+    # Refuses a missing guard beside v3 records, and legacy records beside unfenced ones.
+    present = check_guard(root, manifest, have_v3=have_v3)
+    if manifest.guard_required and not present:
         complete = False  # rollback window: v3 is empty, migrate whatever 0.10 left
     if complete or not has_evidence(root):
         return report
-    if have_v3 and not (manifest.guard_required or guard_present(root)):
-        raise MigrationError(f"{root.root}: legacy state beside unfenced v3 records; refusing to merge")
 
     # Phase 1: read, normalize and preflight; nothing written yet.
     ids_key = derive_key(store.secret, CONTINUATION_IDS)

@@ -4,6 +4,7 @@ from .codec import FORMAT, MAX_KEY_BYTES, Manifest
 from .collection import Collection, CorruptRecordError
 from .errors import (
     InvalidKeyError,
+    OwnershipLostError,
     RecordTooLarge,
     StoreClosedError,
     StoreCorruptError,
@@ -39,6 +40,7 @@ __all__ = [
     "KeyedLocks",
     "Manifest",
     "Mutation",
+    "OwnershipLostError",
     "PendingCommit",
     "Put",
     "Record",

@@ -13,6 +13,16 @@ class StoreLockedError(StoreError, StateError):
     """Another owner (process or open store in this process) holds the state directory."""
 
 
+class OwnershipLostError(StoreError, StateError):
+    """This process can no longer prove it owns its state directory (the directory or its
+    lock file was removed or replaced while open): writes are refused; stop and restart."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(f"{path}: ownership lost ({detail}); writes refused, the process must stop")
+
+
 class StoreCorruptError(StoreError, StateError):
     """Committed state on disk is damaged or not ours (fail closed; nothing was changed)."""
 

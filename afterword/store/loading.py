@@ -20,6 +20,10 @@ MANIFEST = "MANIFEST"
 SECRET = "secret"
 RECORDS = "records"
 WAL_DIR = "wal"
+# The rollback guard of the legacy v2 layout (afterword.legacy): a state file like any other.
+GUARD_PATH = "records-v2/ROLLBACK-GUARD"
+GUARD_DIR = GUARD_PATH.split("/")[0]
+MAX_GUARD_BYTES = 64 * 1024
 SECRET_BYTES = 32
 
 
@@ -38,6 +42,19 @@ def read_secret(root: StateRoot) -> bytes | None:
     if len(data) != SECRET_BYTES:
         raise StoreCorruptError(f"{root.path(SECRET)}: secret must be {SECRET_BYTES} bytes")
     return data
+
+
+def check_guard_file(root: StateRoot) -> bool:
+    """Hold ``records-v2/`` and its rollback guard, when present, to the rules of every state
+    file (``UnsafeStateError`` for a symlink, dangling or not, a non-regular file, a hard link,
+    another owner, group or other bits, a swap while read). True if the guard exists."""
+    if not root.exists(GUARD_DIR):
+        return False
+    root.check_dir(GUARD_DIR)
+    if not root.exists(GUARD_PATH):
+        return False
+    root.read_file(GUARD_PATH, max_size=MAX_GUARD_BYTES)
+    return True
 
 
 def record_names(root: StateRoot) -> tuple[list[str], list[str]]:

@@ -1,8 +1,14 @@
-"""Process-lifetime ownership of a state directory through an SQLite exclusive lock.
+"""Process-lifetime ownership of a state directory: a ``flock`` on the directory itself and
+an SQLite exclusive lock in ``owner.db``.
 
-The lock lives in an open SQLite connection; the OS releases it when the process dies, so
-there is no stale pid file to clean. A second opener, in another process or this one, gets
-:class:`StoreLockedError` at once.
+Both locks live in open descriptors; the OS releases them when the process dies, so there is
+no stale pid file to clean. The SQLite lock is the one the format has always promised (older
+builds take only that one). It belongs to the file ``owner.db``, so deleting that file would
+let a second opener create a fresh one and lock it; the directory's own ``flock`` cannot be
+removed that way, so a second opener, in another process or this one, gets
+:class:`StoreLockedError` at once either way. The owner re-checks (:meth:`OwnershipLock.check`)
+that both names still refer to what it locked; when one changed it must stop writing
+(:class:`OwnershipLostError`), as PostgreSQL's postmaster does when its lock file changes.
 """
 
 from __future__ import annotations
@@ -11,22 +17,70 @@ import os
 import sqlite3
 import threading
 
-from ..disk import StateRoot, UnsafeStateError
-from .errors import StoreLockedError
+from ..disk import FileHandle, StateRoot, UnsafeStateError
+from .errors import OwnershipLostError, StoreLockedError
 
 OWNER_DB = "owner.db"
+_GONE_TEXT = (
+    b"afterword: the state directory that was here was moved away or removed while a host was\n"
+    b"serving it. That host stopped. Put the directory back here, or delete this file to start\n"
+    b"with a new, empty state directory (everything the old one acknowledged is then unknown).\n"
+)
 _held: set[tuple[int, int]] = set()
 _held_lock = threading.Lock()
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_lock_file(root: StateRoot) -> tuple[int, int] | None:
+    """What an owner's open demands of ``owner.db`` before it locks it, checked without
+    locking it (the open and ``doctor`` both use this): the state-file rules
+    (``UnsafeStateError``), and an SQLite database or an empty file (``bad_lock_file``).
+    Returns the file's identity, or None when there is none.
+
+    Opening and closing a descriptor of the file drops this process's SQLite lock on it, so
+    an owner calls this only before it locks (the directory's own lock is not affected)."""
+    if not root.exists(OWNER_DB):
+        return None
+    handle = root.open_file(OWNER_DB)
+    try:
+        head = root.pread(handle, len(SQLITE_MAGIC), 0)
+    finally:
+        root.close(handle)
+    if head and head != SQLITE_MAGIC:
+        raise UnsafeStateError(handle.path, "bad_lock_file", "not an SQLite database; remove it while no host runs")
+    return handle.dev, handle.ino
+
+
 class OwnershipLock:
-    def __init__(self, conn: sqlite3.Connection, identity: tuple[int, int], path: str) -> None:
+    def __init__(
+        self, root: StateRoot, dir_lock: FileHandle, conn: sqlite3.Connection, identity: tuple[int, int], path: str
+    ) -> None:
+        self._root = root
+        self._dir_lock: FileHandle | None = dir_lock
         self._conn: sqlite3.Connection | None = conn
         self._identity = identity
         self.path = path
 
     @classmethod
     def acquire(cls, root: StateRoot) -> OwnershipLock:
+        try:
+            dir_lock = root.lock_root()
+        except BlockingIOError:
+            raise StoreLockedError(
+                f"{root.root}: state directory is owned by another process or open store "
+                "(the lock on the directory itself is held)"
+            ) from None
+        try:
+            conn, identity, path = cls._lock_owner_db(root)
+        except BaseException:
+            root.close(dir_lock)
+            raise
+        return cls(root, dir_lock, conn, identity, path)
+
+    @staticmethod
+    def _lock_owner_db(root: StateRoot) -> tuple[sqlite3.Connection, tuple[int, int], str]:
         if not root.exists(OWNER_DB):
             handle = root.open_file(OWNER_DB, writable=True, create=True)
             root.fsync(handle)
@@ -42,12 +96,8 @@ class OwnershipLock:
                 raise StoreLockedError(f"{root.root}: already open in this process")
             _held.add(identity)
         try:
-            handle = root.open_file(OWNER_DB)  # fail-closed checks on the lock file itself
-            try:
-                if (handle.dev, handle.ino) != identity:
-                    raise UnsafeStateError(path, "identity_changed", "replaced while opening")
-            finally:
-                root.close(handle)
+            if check_lock_file(root) != identity:  # fail-closed checks on the lock file itself
+                raise UnsafeStateError(path, "identity_changed", "replaced while opening")
             conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
             try:
                 conn.execute("PRAGMA locking_mode=EXCLUSIVE")
@@ -61,7 +111,8 @@ class OwnershipLock:
                 conn.close()
                 if "locked" in str(exc) or "busy" in str(exc):
                     raise StoreLockedError(
-                        f"{root.root}: state directory is owned by another process"
+                        f"{root.root}: state directory is owned by another process (the SQLite lock "
+                        f"of {path} is held)"
                     ) from None
                 raise UnsafeStateError(path, "bad_lock_file", type(exc).__name__) from None
             except sqlite3.DatabaseError:
@@ -74,7 +125,33 @@ class OwnershipLock:
             with _held_lock:
                 _held.discard(identity)
             raise
-        return cls(conn, identity, path)
+        return conn, identity, path
+
+    def check(self) -> None:
+        """Raise :class:`OwnershipLostError` unless the state directory and ``owner.db`` are
+        still the ones this lock holds (a path re-check: a few ``lstat`` calls)."""
+        if self._dir_lock is None:
+            return
+        try:
+            self._check()
+        except OSError as exc:  # cannot look (EACCES, EIO): ownership is no longer provable
+            raise OwnershipLostError(self._root.root, f"cannot check it: {exc.strerror or exc}") from None
+
+    def _check(self) -> None:
+        assert self._dir_lock is not None
+        try:
+            self._root.check_root_identity(self._dir_lock)
+        except UnsafeStateError as exc:
+            detail = exc.detail or exc.rule
+            if self._root.leave_gone_marker(_GONE_TEXT):
+                detail += "; a file now stands at its path so that no new, empty one is created there"
+            raise OwnershipLostError(self._root.root, detail) from None
+        try:
+            st = self._root.disk.lstat(self.path)
+        except FileNotFoundError:
+            raise OwnershipLostError(self.path, "the lock file was removed") from None
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise OwnershipLostError(self.path, "the lock file was replaced")
 
     def release(self) -> None:
         if self._conn is not None:
@@ -82,3 +159,6 @@ class OwnershipLock:
             self._conn = None
             with _held_lock:
                 _held.discard(self._identity)
+        if self._dir_lock is not None:
+            self._root.close(self._dir_lock)
+            self._dir_lock = None

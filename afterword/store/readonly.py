@@ -21,13 +21,22 @@ from dataclasses import dataclass
 
 from ..disk import Disk, DiskError, StateRoot, UnsafeStateError
 from ..wal import NamedSegment, WalError
-from ..wal.frame import SEGMENT_MAGIC
-from ..wal.reader import read_chain, read_segment_images
+from ..wal.reader import read_chain
 from .codec import Manifest, Op, RecordImage, decode_tx
-from .errors import StoreCorruptError, StoreError
-from .evidence import Digest, EvidenceError, ReplayCheck, check_secret
-from .loading import MANIFEST, RECORDS, SECRET, WAL_DIR, load_record_files, read_manifest, read_secret
+from .errors import StoreError
+from .evidence import Digest, ReplayCheck, check_secret
+from .loading import (
+    MANIFEST,
+    RECORDS,
+    SECRET,
+    WAL_DIR,
+    check_guard_file,
+    load_record_files,
+    read_manifest,
+    read_secret,
+)
 from .store import StoreOptions
+from .usage import refuse_if_used
 
 Record = RecordImage
 
@@ -118,15 +127,13 @@ def _manifest_bytes(root: StateRoot) -> bytes | None:
 
 
 def _read(root: StateRoot, options: StoreOptions) -> StoreView:
+    check_guard_file(root)
     secret = read_secret(root)
     manifest = read_manifest(root)
     if manifest is not None:
         check_secret(root.path(SECRET), secret, manifest.secret_check)
     if manifest is None:
-        if root.exists(RECORDS) and any(not n.startswith(".") for n in root.listdir(RECORDS)):
-            raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
-        if any(img.data[:8] == SEGMENT_MAGIC for img in read_segment_images(root, WAL_DIR)):
-            raise EvidenceError(root.path(MANIFEST), "manifest_missing", "the log holds segments")
+        refuse_if_used(root)
         manifest = Manifest(generation="", checkpoint_lsn=0, wal_start_seq=1, record_count=0)
         records: dict[str, Record] = {}
     else:

@@ -13,11 +13,8 @@ from dataclasses import dataclass
 
 from ..disk import StateRoot, UnsafeStateError
 from ..wal import NamedSegment, WriteAheadLog
-from ..wal.frame import SEGMENT_MAGIC
-from ..wal.reader import read_segment_images
 from .catalog import names_check, read_catalog, read_catalogued
 from .codec import Manifest, encode_manifest, record_file_name
-from .errors import StoreCorruptError
 from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
 from .loading import (
     MANIFEST,
@@ -25,6 +22,7 @@ from .loading import (
     SECRET,
     SECRET_BYTES,
     WAL_DIR,
+    check_guard_file,
     load_record_files,
     read_manifest,
     read_secret,
@@ -33,6 +31,7 @@ from .loading import (
 from .manifest import ManifestKeeper, generation_id
 from .memory import CommittedState
 from .types import StoreOptions
+from .usage import CREATING, refuse_if_used
 
 
 @dataclass
@@ -45,6 +44,7 @@ class Recovered:
 def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Recovered:
     """Bring ``state`` to the last durable commit of the directory at ``root``."""
     root.remove_temporaries("")
+    check_guard_file(root)
     manifest = read_manifest(root)
     secret = read_secret(root)
     if manifest is None:
@@ -53,6 +53,8 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
         # The secret was durable before the first MANIFEST: state without it is damage.
         check_secret(root.path(SECRET), secret, manifest.secret_check)
         assert secret is not None
+        if root.exists(CREATING):  # the first open stopped after its MANIFEST was durable
+            root.remove(CREATING)
     if not root.exists(RECORDS):
         raise UnsafeStateError(root.path(RECORDS), "missing")
     manifests = ManifestKeeper(root, secret, manifest)
@@ -87,11 +89,11 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
 
 
 def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
-    if root.exists(RECORDS) and root.listdir(RECORDS):
-        raise StoreCorruptError(f"{root.root}: record files without a MANIFEST")
-    if any(img.data[:8] == SEGMENT_MAGIC for img in read_segment_images(root, WAL_DIR)):
-        # The first open writes MANIFEST before the log's first segment.
-        raise EvidenceError(root.path(MANIFEST), "manifest_missing", "the log holds segments")
+    """Create a new store, or finish creating one whose first open was interrupted."""
+    refuse_if_used(root)
+    # The mark goes first: a secret without a MANIFEST and without it proves a used directory.
+    if not root.exists(CREATING):
+        root.write_atomic(CREATING, b"")
     if secret is None:
         root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
         secret = read_secret(root)
@@ -106,6 +108,7 @@ def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
     )
     root.ensure_dir(RECORDS)
     root.write_atomic(MANIFEST, encode_manifest(manifest))
+    root.remove(CREATING)
     return secret, manifest
 
 

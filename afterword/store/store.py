@@ -31,7 +31,7 @@ from ..wal import WriteAheadLog
 from .catalog import CatalogSource
 from .checkpoint import deferred_if_full, deferred_if_full_async, write_catalog, write_record_files
 from .codec import FORMAT, Manifest, Op
-from .errors import StoreClosedError
+from .errors import OwnershipLostError, StoreClosedError
 from .evidence import Digest
 from .lock import OwnershipLock
 from .manifest import ManifestKeeper
@@ -164,6 +164,18 @@ class RecordStore:
         if self.root.full is not None:
             return "storage_full", str(self.root.full)
         return None
+
+    def check_ownership(self) -> None:
+        """Raise :class:`OwnershipLostError` if the state directory or its lock file was
+        removed or replaced since this store opened it; every later write is then refused
+        (``disk_failed``) until the process stops and a new one opens the directory."""
+        if self._lock is None:
+            return
+        try:
+            self._lock.check()
+        except OwnershipLostError as exc:
+            self.root.fail(exc)
+            raise
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
@@ -319,6 +331,8 @@ class RecordStore:
     def _begin_checkpoint(self) -> tuple[int, int, dict[str, Record | None]]:
         self._check_open()
         self.root.check_writable()
+        # A checkpoint rewrites files by path: never into a directory this store does not own.
+        self.check_ownership()
         start_seq, lsn = self._wal.roll()
         snapshot = self._state.take_dirty()
         self._checkpoint_digest = Digest(self._state.digest.value, self._state.digest.count)
@@ -374,6 +388,13 @@ class RecordStore:
             return
         self._closed = True
         try:
+            if self.root.failed is None:
+                # The MANIFEST goes by path: only into our own directory. A directory moved
+                # away is noticed here too (and marked, see OwnershipLock.check).
+                try:
+                    self.check_ownership()
+                except OwnershipLostError as exc:
+                    log.error("store: %s", exc)
             if self.root.failed is None and self._wal.durable_lsn > self.manifest.acked_lsn:
                 # A clean stop records how far the log was acknowledged, so that later damage
                 # to its last frames is told apart from a torn write.

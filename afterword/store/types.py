@@ -74,6 +74,9 @@ class StoreOptions:
     max_record_bytes: int = MAX_RECORD_BYTES
     checkpoint_threads: int = 8
     auto_checkpoint: bool = True
+    # How often a serving host re-checks that its directory and lock file are still the ones
+    # it locked (RecordStore.check_ownership); a few lstat calls each time.
+    ownership_check_seconds: float = 2.0
     observe_transaction: Callable[[TransactionInfo], None] | None = None
 
 

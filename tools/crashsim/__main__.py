@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     damage.add_argument("--ops", type=int, help="logical operations per workload (default: its own)")
     damage.add_argument("--budget", type=int, help="cases per workload and damage kind (default: all)")
     damage.add_argument("--case", help="run one case again (the id a report printed)")
+    damage.add_argument("--kind", action="append", help="repeatable; only cases of this damage kind")
     damage.add_argument("--workdir")
 
     sub.add_parser("list", help="workloads and persistence models")
@@ -219,13 +220,16 @@ def _damage(args: argparse.Namespace) -> int:
 
     logging.disable(logging.WARNING)  # every refused or repaired case would log its reason
     results: list[DamageResult] = []
-    with Scratch(args.workdir) as scratch:
-        for seed in _seeds(args.seeds):
-            for name in args.workload or DAMAGE_WORKLOADS:
-                workload = get_workload(name)(seed=seed, ops=args.ops)
-                result = run_damage(workload, scratch, budget=args.budget, only=args.case)
-                _progress(f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations")
-                results.append(result)
+    try:
+        with Scratch(args.workdir) as scratch:
+            for seed in _seeds(args.seeds):
+                for name in args.workload or DAMAGE_WORKLOADS:
+                    workload = get_workload(name)(seed=seed, ops=args.ops)
+                    result = run_damage(workload, scratch, budget=args.budget, only=args.case, kinds=args.kind)
+                    _progress(f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations")
+                    results.append(result)
+    finally:
+        logging.disable(logging.NOTSET)  # main() is also called in-process (tests): leave logging as found
     if args.case and not any(r.cases for r in results):  # a mistyped id must not read as a pass
         raise ValueError(f"no damage case {args.case!r} in this workload and seed (use an id a report printed)")
     print(render_damage(results, max_examples=100 if args.case else 5))

@@ -23,6 +23,19 @@ no evidence but the write's shadow copy can tell the damage from a torn write.
 Targets are the store's files: ``MANIFEST``, ``CATALOG``, ``secret``, ``owner.db``, ``records/*`` and
 ``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
 record is read).
+
+Damage to the directory as a whole (``DIRECTORY_KINDS``, issue 29):
+
+* ``emptied-log``: ``MANIFEST`` and every log slot deleted; ``emptied``: also ``CATALOG`` and
+  the record files. Opening as a new, empty store is a ``silent_loss``.
+* ``lock-deleted``: a first owner opens the state, ``owner.db`` is deleted, and a second owner
+  starts (in this process: its locks conflict exactly as another process's would). Refused,
+  and the first owner notices it lost its lock file: ``fail_closed``. A second owner that
+  opens is ``unsafe_open``, or ``silent_loss`` when, after each owner acknowledged a write
+  and both stopped, the first owner's write is gone.
+* ``guard-replaced``: the rollback guard ``records-v2/ROLLBACK-GUARD`` (planted as a first
+  claim writes it) replaced by a dangling symlink, a symlink, a directory, a 0644 file, a
+  hard link or (as root) a file of another owner. Opening over it is ``unsafe_open``.
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from afterword.disk import DiskError, NoSyncDisk
-from afterword.store import StoreError
+from afterword.legacy.formats import GUARD_PATH, GUARD_TEXT
+from afterword.store import OwnershipLostError, Put, RecordStore, StoreError
 from afterword.wal import WalError
 from afterword.wal.frame import SEGMENT_HEADER_SIZE, Frame, decode_frame_at, decode_segment_header
 
@@ -44,8 +58,13 @@ from .runner import Scratch
 from .workloads import ACKED, Journal, Observation, Workload
 
 DAMAGE_WORKLOADS = ("store-tx", "checkpoint", "blobs")
-OUTCOMES = ("fail_closed", "exact", "silent_loss", "wrong", "unnamed")
+OUTCOMES = ("fail_closed", "exact", "silent_loss", "wrong", "unnamed", "unsafe_open")
+_VIOLATIONS = ("silent_loss", "wrong", "unnamed", "unsafe_open")
 KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "manifest-rollback")
+DIRECTORY_KINDS = ("emptied-log", "emptied", "lock-deleted", "guard-replaced")
+# How guard-replaced replaces the guard (Case.version indexes this).
+GUARD_DAMAGE = ("dangling-symlink", "symlink", "directory", "mode-0644", "hard-link", "foreign-owner")
+_PROBES = ("lock-probe:first", "lock-probe:second")
 # Byte offsets inside a frame that tail_bitflip hits, one per field (the payload is found
 # at run time): marker, length, lsn, batch_start, checksum.
 _FRAME_FIELDS = (("marker", 1), ("length", 5), ("lsn", 9), ("batch_start", 17), ("checksum", 25), ("payload", -1))
@@ -96,7 +115,7 @@ class DamageResult:
 
     @property
     def violations(self) -> int:
-        return sum(self.total(o) for o in ("silent_loss", "wrong", "unnamed"))
+        return sum(self.total(o) for o in _VIOLATIONS)
 
 
 def _read_tree(state_dir: str) -> dict[str, bytes]:
@@ -170,12 +189,25 @@ def enumerate_cases(snapshots: Sequence[Snapshot]) -> list[Case]:
             for field_index, (name, _) in enumerate(_FRAME_FIELDS):
                 if name != "payload" or tail[1].payload:
                     cases.append(Case(i, "tail_bitflip", tail[0], field_index))
+        cases += _directory_cases(i)
         current = snap.files.get("MANIFEST")
         for v, old in enumerate(manifests):
             if old != current:
                 cases.append(Case(i, "manifest-rollback", "MANIFEST", v))
         if current is not None and (not manifests or manifests[-1] != current):
             manifests.append(current)
+    return cases
+
+
+def _directory_cases(snapshot: int) -> list[Case]:
+    cases = [
+        Case(snapshot, "emptied-log", "MANIFEST"),
+        Case(snapshot, "emptied", "MANIFEST"),
+        Case(snapshot, "lock-deleted", "owner.db"),
+    ]
+    for v, how in enumerate(GUARD_DAMAGE):
+        if how != "foreign-owner" or os.geteuid() == 0:  # only root can give a file away
+            cases.append(Case(snapshot, "guard-replaced", GUARD_PATH, v))
     return cases
 
 
@@ -226,7 +258,73 @@ def damaged_files(case: Case, snapshots: Sequence[Snapshot], seed: int) -> dict[
         files[case.target] = bytes(flipped)
     elif case.kind == "manifest-rollback":
         files["MANIFEST"] = _manifest_versions(snapshots)[case.version]
+    elif case.kind in ("emptied-log", "emptied"):
+        gone = ("wal/",) if case.kind == "emptied-log" else ("wal/", "records/", "CATALOG")
+        files = {rel: data for rel, data in files.items() if rel != "MANIFEST" and not rel.startswith(gone)}
+    elif case.kind == "guard-replaced":
+        files[GUARD_PATH] = GUARD_TEXT  # as the first claim wrote it; replaced in place below
     return files
+
+
+def _replace_guard(state_dir: str, how: str) -> None:
+    guard = os.path.join(state_dir, GUARD_PATH)
+    outside = os.path.join(os.path.dirname(state_dir), "guard-elsewhere")
+    if how == "dangling-symlink":
+        os.unlink(guard)
+        os.symlink(outside, guard)
+    elif how == "symlink":
+        os.rename(guard, outside)
+        os.symlink(outside, guard)
+    elif how == "directory":
+        os.unlink(guard)
+        os.mkdir(guard, 0o700)
+    elif how == "mode-0644":
+        os.chmod(guard, 0o644)
+    elif how == "hard-link":
+        os.link(guard, outside)
+    elif how == "foreign-owner":
+        os.chown(guard, 12345, 12345)
+
+
+def classify_second_owner(workload: Workload, state_dir: str) -> tuple[str, str]:
+    """A first owner holds ``state_dir``; ``owner.db`` is deleted; a second owner starts."""
+    options = getattr(workload, "options", None)
+    first = RecordStore.open(state_dir, disk=_DISK, options=options)
+    try:
+        os.unlink(os.path.join(state_dir, "owner.db"))
+        try:
+            second = RecordStore.open(state_dir, disk=_DISK, options=options)
+        except _FAIL_CLOSED as exc:
+            refused = f"{type(exc).__name__}: {exc}"
+        else:
+            try:  # two owners, each acknowledging a write of its own
+                first.transact_sync([Put(_PROBES[0], b"acknowledged by the first owner")])
+                second.transact_sync([Put(_PROBES[1], b"acknowledged by the second owner")])
+            finally:
+                second.close()
+                first.close()
+            return _after_two_owners(workload, state_dir)
+        try:
+            first.check_ownership()
+        except OwnershipLostError:
+            return "fail_closed", refused
+        return "unsafe_open", "the second owner was refused, but the first kept its place without its lock file"
+    finally:
+        first.close()
+
+
+def _after_two_owners(workload: Workload, state_dir: str) -> tuple[str, str]:
+    try:
+        after = RecordStore.open(state_dir, disk=_DISK, options=getattr(workload, "options", None))
+    except _FAIL_CLOSED as exc:
+        return "unsafe_open", f"a second owner opened beside the first (the next open refused: {exc})"
+    try:
+        lost = [key for key in _PROBES if after.get(key) is None]
+    finally:
+        after.close()
+    if lost:
+        return "silent_loss", f"a second owner opened beside the first; acknowledged {', '.join(lost)} gone"
+    return "unsafe_open", "a second owner opened beside the first"
 
 
 def classify(
@@ -250,19 +348,27 @@ def classify(
 
 
 def run_damage(
-    workload: Workload, scratch: Scratch, *, budget: int | None = None, only: str | None = None
+    workload: Workload,
+    scratch: Scratch,
+    *,
+    budget: int | None = None,
+    only: str | None = None,
+    kinds: Sequence[str] | None = None,
 ) -> DamageResult:
-    """Damage every (or a ``budget`` sample per kind of) case and classify each recovery."""
+    """Damage every (or a ``budget`` sample per kind of) case and classify each recovery;
+    ``kinds`` keeps only the cases of those kinds."""
     began = time.perf_counter()
     snapshots = record_snapshots(workload, scratch)
     cases = enumerate_cases(snapshots)
+    if kinds is not None:
+        cases = [c for c in cases if c.kind in kinds]
     result = DamageResult(workload.name, workload.seed, workload.ops, len(snapshots), len(cases))
     if only is not None:
         cases = [c for c in cases if c.ident == only]
     elif budget is not None:
         rng = random.Random(f"{workload.name}/{workload.seed}/damage")
         picked: list[Case] = []
-        for kind in KINDS:
+        for kind in (*KINDS, *DIRECTORY_KINDS):
             of_kind = [c for c in cases if c.kind == kind]
             picked += of_kind if len(of_kind) <= budget else rng.sample(of_kind, budget)
         cases = picked
@@ -270,7 +376,14 @@ def run_damage(
         state_dir = os.path.join(scratch.fresh(), "state")
         _materialize(state_dir, damaged_files(case, snapshots, workload.seed))
         acked = snapshots[case.snapshot].acked
-        outcome, detail = classify(workload, acked, lambda d=state_dir: workload.recover(d, _DISK))
+        if case.kind == "lock-deleted":
+            outcome, detail = classify_second_owner(workload, state_dir)
+        else:
+            if case.kind == "guard-replaced":
+                _replace_guard(state_dir, GUARD_DAMAGE[case.version])
+            outcome, detail = classify(workload, acked, lambda d=state_dir: workload.recover(d, _DISK))
+            if case.kind == "guard-replaced" and outcome == "exact":
+                outcome, detail = "unsafe_open", f"opened over a guard replaced by a {GUARD_DAMAGE[case.version]}"
         result.counts.setdefault(case.kind, Counter())[outcome] += 1
         if outcome not in ("fail_closed", "exact"):
             result.examples.append(f"{workload.name} seed {workload.seed} case {case.ident}: {outcome}: {detail}")
@@ -287,8 +400,10 @@ def render_damage(results: Sequence[DamageResult], *, max_examples: int = 5) -> 
 
     rows: list[tuple[object, ...]] = []
     for r in results:
-        for kind in KINDS:
+        for kind in (*KINDS, *DIRECTORY_KINDS):
             c = r.counts.get(kind, Counter())
+            if not c:
+                continue  # a kind left out of this run (--kind, --case)
             rows.append((r.workload, r.seed, r.snapshots, kind, sum(c.values()), *(c[o] for o in OUTCOMES)))
     lines = ["damage", *_table(_HEADER, rows), ""]
     total = sum(r.cases for r in results)

@@ -145,6 +145,9 @@ class FaultyDisk:
         self._call("dirsync", os.path.basename(path) or path)
         self.inner.fsync_dir(path)
 
+    def flock(self, fd: int, operation: int) -> None:
+        self.inner.flock(fd, operation)
+
 
 def plans(
     counts: Counter[str], *, budget: int | None, rng: random.Random, kinds: Sequence[str] = KINDS

@@ -385,3 +385,7 @@ class Recorder:
             rel = self._rel(path)
             if rel is not None:
                 self._log(SyncDir(rel))
+
+    def flock(self, fd: int, operation: int) -> None:
+        # A lock is no state: nothing of it survives a crash, so nothing is recorded.
+        self.inner.flock(fd, operation)
