@@ -2,7 +2,7 @@
 kept as three separate durable facts (spec: task-notifications)."""
 
 from .compaction import Compaction
-from .coordinator import ExecutionCoordinator, HostTurn, WakeResult
+from .coordinator import ExecutionCoordinator, WakeResult
 from .core import (
     HANDOFF_KIND,
     NOTIFICATION_KIND,
@@ -24,6 +24,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .events import SessionEvent
+from .hostturn import HostTurn
 from .journal import TaskJournal
 from .notifications import FaultHook, TaskNotifications
 from .records import (

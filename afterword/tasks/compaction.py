@@ -12,7 +12,7 @@ result would leave the result without its call - a conversation providers reject
 is therefore written like a model step: under the session's step lock (it waits for a running
 turn to end), and only while no tool call is open (checked in the same step as the append);
 otherwise :class:`CompactionRefused`. Inside a turn the host holds itself, it compacts
-through :meth:`HostTurn.compact <afterword.tasks.coordinator.HostTurn.compact>`.
+through :meth:`HostTurn.compact <afterword.tasks.hostturn.HostTurn.compact>`.
 """
 
 from __future__ import annotations

@@ -24,14 +24,17 @@ state, a committed tool result) into wakes - one per session per short window, s
 arrive together are one turn - repeats wakes that found the session busy, schedules a retry
 after a failed automatic step until the retry limit stops it, and tells the host what it did
 (``on_event``: automatic turns, new notifications, sessions that cannot advance).
+
+Answering the calls - the tool's result or a stand-in, never an open call - is
+:class:`~afterword.tasks.answers.ToolAnswers`; a turn the host drives itself is a
+:class:`~afterword.tasks.hostturn.HostTurn`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -39,28 +42,23 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..history import InvalidMessageError, Message, MessageTooLarge, ToolCall, open_tool_calls
+from ..history import Message, ToolCall, open_tool_calls
 from . import core
+from .answers import ROUND_LIMIT_TOOL_RESULT, ToolAnswers
 from .compaction import Compaction
 from .events import STALLED_REASONS, EventSink, SessionEvent, emit
+from .hostturn import HostTurn
 from .journal import TaskJournal
 from .notifications import TaskNotifications
 from .records import GoalState, SessionControl, TaskRecord
 from .toolcalls import ToolCallProcessor
-from .toolloop import ToolExecutor, ToolResult, TurnResult, tool_result_message
-from .turns import TurnOutcome, TurnRunner, describe_error
+from .toolloop import ToolExecutor, TurnResult
+from .turns import TurnOutcome, TurnRunner
 
-_log = logging.getLogger(__name__)
 DEFAULT_MAX_TOOL_ROUNDS = 16
 # Tasks of one session often end together (a batch of tests, a build fanning out): the first
 # end opens a window this long, and everything that ends within it is one automatic turn.
 DEFAULT_COALESCE_WINDOW = 0.1
-INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it finished; its result is unknown."
-UNRECORDABLE_TOOL_RESULT = "The tool's result could not be recorded ({error}); it is lost."
-ROUND_LIMIT_TOOL_RESULT = (
-    "The tool call was not run: this turn reached its limit of {limit} tool rounds. "
-    "It can be made again in a later turn."
-)
 
 
 class WakeResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,36 +70,6 @@ class WakeResult(msgspec.Struct, frozen=True, kw_only=True):
 
 def default_retry_delay(failures: int) -> float:
     return float(min(2**failures, 60))
-
-
-class HostTurn:
-    """A turn a host drives itself, holding the session's step lock (see ``coordinator.turn``)."""
-
-    def __init__(self, coordinator: ExecutionCoordinator, session_id: str) -> None:
-        self.coordinator = coordinator
-        self.session_id = session_id
-        self.steps: list[TurnOutcome] = []
-
-    async def step(self, user_message: Message | None = None) -> TurnOutcome:
-        """One model step (the first with the user's message, later ones after tool results).
-
-        What the steps saw is consumed when the block ends after a successful last step."""
-        outcome = await self.coordinator.runner.step(self.session_id, user_message, consume=False)
-        self.steps.append(outcome)
-        return outcome
-
-    async def commit_tool_result(
-        self, result: Message, *, reported_terminal: Collection[str] = ()
-    ) -> list[TaskRecord]:
-        return await self.coordinator.processor.commit_tool_result(
-            self.session_id, result, reported_terminal=reported_terminal
-        )
-
-    async def compact(self, summary: str, *, handoff_id: str) -> Message:
-        """Write a compaction handoff between steps of this turn (never inside a call/result
-        pair: :class:`CompactionRefused` while a call waits for its result)."""
-        compaction = Compaction(self.coordinator.journal, self.coordinator.notifications.history)
-        return await compaction.handoff_locked(self.session_id, summary, handoff_id=handoff_id)
 
 
 class ExecutionCoordinator:
@@ -141,6 +109,7 @@ class ExecutionCoordinator:
         self.runner = runner
         self.tools = tools
         self.processor = processor or ToolCallProcessor(journal, runner.history, clock=clock)
+        self.answers = ToolAnswers(self.processor)
         self.max_tool_rounds = max_tool_rounds
         self.clock = clock
         self.retry_delay = retry_delay
@@ -210,7 +179,10 @@ class ExecutionCoordinator:
         """
         async with self.runner.lock(session_id):
             try:
-                host = HostTurn(self, session_id)
+                host = HostTurn(
+                    session_id, runner=self.runner, processor=self.processor,
+                    compaction=Compaction(self.journal, self.notifications.history),
+                )
                 yield host
                 await self._settle(host.steps)
             finally:
@@ -252,11 +224,12 @@ class ExecutionCoordinator:
             if len(steps) > self.max_tool_rounds:
                 # A call left open would block every later step of the session: close them.
                 with anyio.CancelScope(shield=True):
+                    limit = ROUND_LIMIT_TOOL_RESULT.format(limit=self.max_tool_rounds)
                     for call in open_calls:
-                        results.append(await self._stand_in(session_id, call, limit=True))
+                        results.append(await self.answers.stand_in(session_id, call, limit))
                 open_calls, stopped = [], "max_tool_rounds"
                 break
-            results += await self._answer(session_id, open_calls)
+            results += await self.answers.run(self.tools, session_id, open_calls)
             open_calls = []
             steps.append(await self.runner.step(session_id, None, consume=False))
         consumed = await self._settle(steps)
@@ -270,71 +243,6 @@ class ExecutionCoordinator:
         still_open = open_tool_calls(window)
         return [c for reply in outcome.replies for c in reply.calls() if c.id in still_open]
 
-    async def _answer(self, session_id: str, calls: list[ToolCall]) -> list[Message]:
-        """Run each call and commit its result; a cancelled loop still closes every call."""
-        assert self.tools is not None
-        written: list[Message] = []
-        try:
-            for call in calls:
-                try:
-                    result = await self.tools(session_id, call)
-                except Exception as exc:  # the tool failed: the model is told, the loop goes on
-                    result = ToolResult(content=f"The tool failed: {describe_error(exc)}", is_error=True)
-                message = tool_result_message(call, result)
-                try:
-                    await self.processor.commit_tool_result(
-                        session_id, message, reported_terminal=self._reports(session_id, call, result)
-                    )
-                except (InvalidMessageError, MessageTooLarge) as exc:
-                    # The tool's answer cannot be stored (too large, malformed): the model is
-                    # told so instead, and the session goes on.
-                    with anyio.CancelScope(shield=True):
-                        message = await self._stand_in(
-                            session_id, call, text=UNRECORDABLE_TOOL_RESULT.format(error=describe_error(exc))
-                        )
-                written.append(message)
-        finally:
-            answered = {m.tool_call_id for m in written}
-            left = [c for c in calls if c.id not in answered]
-            if left:
-                # Interrupted or failed midway: an unanswered call would block the session.
-                with anyio.CancelScope(shield=True):
-                    for call in left:
-                        await self._stand_in(session_id, call)
-        return written
-
-    def _reports(self, session_id: str, call: ToolCall, result: ToolResult) -> list[str]:
-        """The tool's claims that its result reports a task's end, minus the false ones.
-
-        A claim about a task that has not ended (or that this call did not start) is refused
-        and the tool's answer kept: that task stays handed off and is notified when it ends.
-        """
-        tasks = {t.task_id: t for t in self.processor.tasks_of_call(session_id, call.id)}
-        kept = [i for i in result.reported_terminal if i in tasks and core.is_terminal(tasks[i])]
-        refused = sorted(set(result.reported_terminal) - set(kept))
-        if refused:
-            _log.warning(
-                "session %r, tool %r: refused the report of %s as ended (not ended, or not started "
-                "by this call); they will be notified when they end", session_id, call.name, refused
-            )
-        return kept
-
-    async def _stand_in(
-        self, session_id: str, call: ToolCall, *, limit: bool = False, text: str | None = None
-    ) -> Message:
-        """Close ``call`` with a stand-in result; tasks it started are notified when they end."""
-        started = [t.task_id for t in self.processor.tasks_of_call(session_id, call.id)]
-        if text is None:
-            text = ROUND_LIMIT_TOOL_RESULT.format(limit=self.max_tool_rounds) if limit else INTERRUPTED_TOOL_RESULT
-        if started:
-            text += (
-                f" It started background task(s) {', '.join(started)}; how each ends is reported"
-                " in a separate notification."
-            )
-        message = tool_result_message(call, ToolResult(content=text, is_error=True))
-        await self.processor.commit_interrupted(session_id, message)
-        return message
-
     async def close_open_calls(self, session_id: str) -> list[Message]:
         """Answer tool calls a turn of this coordinator left open when it crashed (recovery):
         an open call would block every later step. Only sessions whose control record says a
@@ -345,7 +253,7 @@ class ExecutionCoordinator:
             window = await self.runner.history.latest(session_id, self.runner.context_limit)
             still_open = open_tool_calls(window)
             calls = [c for m in window for c in m.calls() if c.id in still_open]
-            messages = [await self._stand_in(session_id, c) for c in calls]
+            messages = [await self.answers.stand_in(session_id, c) for c in calls]
             await self.journal.update_control(session_id, lambda c: core.turn_ended(c, now=self.clock()))
             return messages
 

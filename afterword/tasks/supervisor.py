@@ -23,6 +23,11 @@ processes keep running for the next supervisor to adopt (``on_exit="detach"``); 
 
 Children run in their own session and process group, so a terminal's Ctrl-C does not reach
 them and a cancellation reaches their whole group.
+
+How an end is recorded is :class:`~afterword.tasks.endings.EndRecorder`'s, shared by the
+watchers of spawned and of adopted tasks; accounting for what a previous life left running
+is :class:`~afterword.tasks.adoption.Adoption`'s. The supervisor keeps the processes it
+spawned, their timeouts, and cancel and stop.
 """
 
 from __future__ import annotations
@@ -39,18 +44,18 @@ from typing import Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from ..disk import UnsafeStateError
-from . import core, processes, procinfo
+from . import core, procinfo
+from .adoption import Adoption
 from .children import (
     DEFAULT_MAX_OUTPUT,
     MARKER_SLACK,
     bound_output,
-    read_exit_status,
     signal_group,
     signal_pid,
     spawn_wrapped,
     wait_exit,
 )
+from .endings import EndRecorder
 from .errors import SupervisorError
 from .journal import OUTPUT_DIR, TaskJournal
 from .records import NotifyPolicy, TaskRecord
@@ -107,7 +112,11 @@ class ProcessSupervisor:
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._adopted: set[str] = set()
+        self._ends = EndRecorder(journal, clock=clock, max_output_bytes=max_output_bytes)
+        self._adoption = Adoption(
+            journal, self._ends, group=self._group, on_adopted=self._arm_timeout, clock=clock,
+            kill_grace=kill_grace, poll_interval=poll_interval,
+        )
         self._ended: dict[str, anyio.Event] = {}
         self._unsubscribe = journal.subscribe(self._on_change)
 
@@ -234,156 +243,20 @@ class ProcessSupervisor:
             # if the supervisor is shutting down around us.
             with anyio.CancelScope(shield=True):
                 self._procs.pop(task_id, None)
-                status, fault = self._read_status(task_id)
+                status, fault = self._ends.read_status(task_id)
                 if status is None and fault is None and returncode < 0:
                     # The wrapper itself was killed: make sure its command does not live on.
                     signal_group(process.pid, signal.SIGKILL)
-                await self._record_end(task_id, status, returncode, fault=fault)
+                await self._ends.record_end(task_id, status, returncode, fault=fault)
         finally:
             self._procs.pop(task_id, None)
             if process.returncode is None:
                 _detached.append(process)  # left running for the next life to adopt
 
-    def _read_status(self, task_id: str) -> tuple[core.ExitStatus | None, str | None]:
-        """The wrapper's record, or why the task's own status file cannot be trusted."""
-        try:
-            return read_exit_status(self.journal.root, task_id), None
-        except UnsafeStateError as exc:
-            fault = self.journal.task_file_fault(task_id, exc)
-            if fault is None:
-                raise  # the journal's own state: fail closed
-            return None, fault
-
-    async def _pick_up_cancel(self, task_id: str) -> TaskRecord:
-        """A cancel asked for from another process (``afterword tasks cancel``) left a request
-        file; before an end is classified it becomes the user's cancel, as if asked here."""
-        task = self.journal.require(task_id)
-        if task.cancel_requested or core.is_terminal(task):
-            return task
-        if not self.journal.root.exists(self.journal.cancel_request_path(task_id)):
-            return task
-        return await self.journal.update(task_id, core.request_cancel)
-
-    async def _record_end(
-        self, task_id: str, status: core.ExitStatus | None, returncode: int | None, *,
-        fault: str | None = None,
-    ) -> TaskRecord:
-        task = await self._pick_up_cancel(task_id)
-        if status is not None:
-            outcome = core.recorded_end(task, status)
-        elif returncode is not None:
-            outcome = core.classify_exit(
-                returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested,
-                timed_out=processes.timed_out_error(task) if task.timed_out else None,
-            )
-        else:
-            outcome = core.unsupervised_end(task)
-        if fault is not None:
-            outcome = core.task_file_fault(outcome, fault)
-        return await self._terminate(task_id, outcome, exact=status is not None or returncode is not None)
-
-    async def _terminate(self, task_id: str, outcome: core.Outcome, *, exact: bool) -> TaskRecord:
-        try:
-            total, truncated = await anyio.to_thread.run_sync(
-                bound_output, self.journal.root, self.journal.output_path(task_id), self.max_output_bytes
-            )
-        except UnsafeStateError as exc:
-            fault = self.journal.task_file_fault(task_id, exc)
-            if fault is None:
-                raise  # the journal's own state: fail closed
-            # The capture is not read or cut: the task alone pays for what it did to it.
-            outcome, total, truncated = core.task_file_fault(outcome, fault), 0, True
-        return await self.journal.update(
-            task_id,
-            lambda t: core.terminate(
-                t, outcome, now=self.clock(), output_bytes=max(t.output_bytes, total),
-                # Without the wrapper's record, whatever was printed unobserved is unknown.
-                output_truncated=truncated or not exact,
-            ),
-        )
-
     # -- recovery ------------------------------------------------------------------------------
     async def recover(self) -> list[TaskRecord]:
         """Account for tasks left ``running`` by a previous life: adopt them or end them."""
-        changed: list[TaskRecord] = []
-        for task in self.journal.tasks():
-            if task.state != "running" or task.task_id in self._procs or task.task_id in self._adopted:
-                continue
-            task = await self._pick_up_cancel(task.task_id)
-            if task.pid is None:
-                task = await self._find_unrecorded(task)
-            probe = procinfo.probe(task.pid, task.process_identity) if task.pid is not None else "unknown"
-            status, fault = self._read_status(task.task_id) if probe != "alive" else (None, None)
-            action, outcome = core.recovery_action(task, probe, status)
-            if fault is not None and outcome is not None:
-                outcome = core.task_file_fault(outcome, fault)
-            if action == "adopt":
-                changed.append(await self._adopt(task.task_id))
-            elif action == "end" and outcome is not None:
-                if status is None and fault is None:
-                    ended = await self._end_unaccounted(task.task_id, outcome)
-                    changed.append(ended if ended is not None else await self._adopt(task.task_id))
-                else:
-                    changed.append(await self._terminate(task.task_id, outcome, exact=status is not None))
-        return changed
-
-    async def _adopt(self, task_id: str) -> TaskRecord:
-        record = await self.journal.update(task_id, core.adopted)
-        self._adopted.add(task_id)
-        self._group().start_soon(self._watch_adopted, task_id)
-        self._arm_timeout(record)
-        return record
-
-    async def _find_unrecorded(self, task: TaskRecord) -> TaskRecord:
-        """A task whose pid never became durable: its wrapper, if it runs, names the task's
-        status file on its command line; found, it is recorded and can be adopted."""
-        status = self.journal.root.path(TaskJournal.exit_status_path(task.task_id))
-        pid = procinfo.find_by_argument(status)
-        identity = procinfo.process_identity(pid) if pid is not None else None
-        if pid is None or identity is None:
-            return task
-        return await self.journal.update(
-            task.task_id, lambda t: core.spawned(t, pid=pid, identity=identity, now=self.clock())
-        )
-
-    async def _end_unaccounted(self, task_id: str, outcome: core.Outcome) -> TaskRecord | None:
-        """Record an end nobody observed (``lost``) only once nothing of the task still runs.
-
-        The wrapper is gone, but the command it started may live on in its process group:
-        those processes are killed first. None if some survive; the task stays ``running``
-        and is followed until they are gone.
-        """
-        task = self.journal.require(task_id)
-        if task.pid is None:
-            return await self._terminate(task_id, outcome, exact=False)
-        stopped = procinfo.leftovers(task.pid, task.process_identity)
-        if stopped:
-            signal_group(task.pid, signal.SIGKILL)
-            with anyio.move_on_after(self.kill_grace):
-                while procinfo.leftovers(task.pid, task.process_identity):
-                    await anyio.sleep(min(self.poll_interval, 0.05))
-            if procinfo.leftovers(task.pid, task.process_identity):
-                return None
-        return await self._terminate(task_id, core.leftovers_stopped(outcome, len(stopped)), exact=False)
-
-    async def _watch_adopted(self, task_id: str) -> None:
-        try:
-            while True:
-                task = self.journal.require(task_id)
-                if task.state != "running":
-                    return
-                assert task.pid is not None
-                if procinfo.probe(task.pid, task.process_identity) != "alive":
-                    with anyio.CancelScope(shield=True):
-                        status, fault = self._read_status(task_id)
-                        if status is not None or fault is not None:
-                            await self._record_end(task_id, status, None, fault=fault)
-                            return
-                        if await self._end_unaccounted(task_id, core.unsupervised_end(task)) is not None:
-                            return
-                await anyio.sleep(self.poll_interval)
-        finally:
-            self._adopted.discard(task_id)
+        return await self._adoption.recover(skip=self._procs)
 
     # -- waiting and cancelling ----------------------------------------------------------------
     async def wait(self, task_id: str, timeout: float | None = None) -> TaskRecord:
@@ -419,7 +292,7 @@ class ProcessSupervisor:
             if process.returncode is not None:
                 return await self.wait(task_id)  # reaped: the pid may already name another process
             pid = process.pid
-        elif task_id in self._adopted and task.pid is not None:
+        elif task_id in self._adoption.watching() and task.pid is not None:
             if procinfo.probe(task.pid, task.process_identity) != "alive":
                 return await self.wait(task_id, self.poll_interval * 4)
             pid = task.pid
@@ -435,8 +308,8 @@ class ProcessSupervisor:
 
     def running(self) -> list[str]:
         """Task ids this supervisor is watching (started or adopted)."""
-        return sorted({*self._procs, *self._adopted})
+        return sorted({*self._procs, *self._adoption.watching()})
 
     def __repr__(self) -> str:
-        return f"<ProcessSupervisor watching={len(self._procs)} adopted={len(self._adopted)}>"
+        return f"<ProcessSupervisor watching={len(self._procs)} adopted={len(self._adoption.watching())}>"
 
