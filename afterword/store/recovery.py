@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..disk import StateRoot, UnsafeStateError
 from ..wal import NamedSegment, WriteAheadLog
 from ..wal.frame import SEGMENT_MAGIC
+from ..wal.highwater import HighWater
 from ..wal.reader import read_segment_images
 from .catalog import names_check, read_catalog, read_catalogued
 from .codec import Manifest, encode_manifest, record_file_name
@@ -40,6 +41,7 @@ class Recovered:
     manifests: ManifestKeeper  # the MANIFEST found (or created), with the log attached
     wal: WriteAheadLog
     replayed: int  # transactions replayed from the log
+    last_check: int  # checksum field of the last replayed frame (0: none replayed)
 
 
 def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Recovered:
@@ -56,6 +58,7 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
     if not root.exists(RECORDS):
         raise UnsafeStateError(root.path(RECORDS), "missing")
     manifests = ManifestKeeper(root, secret, manifest)
+    high_water = HighWater.open(root, bytes.fromhex(manifest.high_water)) if manifest.high_water else None
     expected_files = _load_records(root, options, state, manifest)
     check = ReplayCheck(
         records_path=root.path(RECORDS),
@@ -74,6 +77,7 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
         named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn, r.size) for r in manifest.segments],
         acked_lsn=manifest.acked_lsn,
         before_free=manifests.forget_segments,  # names the segments it is about to reuse
+        high_water=high_water,
     )
     manifests.wal = wal
     try:
@@ -83,7 +87,8 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
     except BaseException:
         wal.close()
         raise
-    return Recovered(manifests, wal, len(frames))
+    last_check = frames.checksum(len(frames) - 1) if len(frames) else 0
+    return Recovered(manifests, wal, len(frames), last_check)
 
 
 def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:

@@ -131,6 +131,8 @@ class RecordStore:
             if self.manifest.format != FORMAT:
                 log.warning("store: upgrading %s from %s to %s", self.root.root, self.manifest.format, FORMAT)
                 self.checkpoint_sync()
+            if not self.manifest.high_water:  # a new directory, or one written before the mark
+                self._manifests.start_high_water(opened.last_check)
         except BaseException:
             if hasattr(self, "_wal"):
                 self._wal.close()

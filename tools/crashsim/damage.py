@@ -50,7 +50,7 @@ KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "ma
 # at run time): marker, length, lsn, batch_start, checksum.
 _FRAME_FIELDS = (("marker", 1), ("length", 5), ("lsn", 9), ("batch_start", 17), ("checksum", 25), ("payload", -1))
 _TARGET_DIRS = ("records", "wal")
-_TOP_FILES = ("MANIFEST", "CATALOG", "secret")
+_TOP_FILES = ("MANIFEST", "CATALOG", "secret", "HIGHWATER")
 _FAIL_CLOSED = (StoreError, WalError, DiskError)
 _DISK = NoSyncDisk()
 
