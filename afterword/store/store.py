@@ -397,6 +397,3 @@ class RecordStore:
 
     def __repr__(self) -> str:
         return f"<RecordStore {self.root.root} records={len(self._state)} lsn={self._wal.next_lsn - 1}>"
-
-
-
