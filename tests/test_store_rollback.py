@@ -272,3 +272,33 @@ def test_doctor_says_which_acknowledged_lsns_a_deeper_cut_took(tmp_path: Path) -
     assert d.rule == "segment_short"
     assert "lsns 1-4 read whole" in d.restore and "lsns 5-6 were acknowledged" in d.restore
     assert "Restore the whole state directory" in d.restore
+
+
+@pytest.mark.anyio
+async def test_the_service_refuses_the_first_result_after_its_segment_was_cut(tmp_path: Path) -> None:
+    """The issue's scenario: with the segment cut while serving, the next write is refused
+    and health says ``disk_failed``, instead of twenty more acknowledged results. (The write
+    that finds the cut answers 500, as one that finds a replaced segment does; every write
+    after it is the documented 503 ``disk_failed``.)"""
+    from _service import DETACHED_TOKEN, deadline
+    from fakes.harness import make_config, running
+
+    config, env = make_config(tmp_path)
+    async with running(config, env, run_worker=False) as h:
+
+        async def claim(key: str) -> int:
+            answer = await h.producer.client.post(
+                f"{config.base_url}/v1/continuations/detached/claim",
+                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
+                json={"route": "verification", "taskKey": key, "taskHash": "h-" + key, "deadline": deadline()},
+            )
+            if answer.status_code == 503:
+                assert answer.json()["error"]["code"] == "disk_failed", answer.text
+            return answer.status_code
+
+        assert await claim("t-1") == 200
+        os.truncate(os.path.join(config.state_dir, SEG), 1 << 20)
+        assert await claim("t-2") != 200
+        assert [await claim(f"t-{i}") for i in range(3, 6)] == [503, 503, 503]
+        health = h.service.continuation_health()
+        assert health.status == "unhealthy" and health.causes[0].code == "disk_failed"

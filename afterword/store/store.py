@@ -5,6 +5,7 @@ Layout of a state directory (all directories 0700, files 0600)::
     owner.db     SQLite ownership lock (held for the process lifetime)
     secret       32 random bytes; every token is derived from it
     MANIFEST     JSON: checkpoint lsn, where the live WAL chain starts, generation id
+    HIGHWATER    the last acknowledged lsn, marked after every durable write (wal/highwater.py)
     CATALOG      every record's key and version as of the checkpoint (see catalog.py)
     wal/         preallocated segments (see afterword.wal)
     records/     one file per record, named by the hex of its key
