@@ -115,3 +115,11 @@ def test_cli_reports_counts_and_replays_one_case(capsys: pytest.CaptureFixture[s
     assert "silent_loss" in out and "0 silent losses" in out
     assert main(["damage", "--workload", "store-tx", "--case", "2:delete:secret"]) == 0
     assert "1 damage cases: 1 failed closed" in capsys.readouterr().out
+
+
+def test_the_cli_leaves_logging_as_it_found_it() -> None:
+    """``main(["damage", ...])`` quiets the refusals it provokes, and must not leave the
+    process's logging disabled (later tests of the same session read their warnings)."""
+    logging.disable(logging.NOTSET)
+    assert main(["damage", "--workload", "store-tx", "--case", "2:delete:secret"]) == 0
+    assert logging.getLogger("afterword").isEnabledFor(logging.WARNING)

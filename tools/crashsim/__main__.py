@@ -218,6 +218,13 @@ def _damage(args: argparse.Namespace) -> int:
     import logging
 
     logging.disable(logging.WARNING)  # every refused or repaired case would log its reason
+    try:
+        return _damage_quiet(args)
+    finally:
+        logging.disable(logging.NOTSET)  # called in-process (tests): leave logging as it was
+
+
+def _damage_quiet(args: argparse.Namespace) -> int:
     results: list[DamageResult] = []
     with Scratch(args.workdir) as scratch:
         for seed in _seeds(args.seeds):
