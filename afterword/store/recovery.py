@@ -17,7 +17,7 @@ from ..wal.frame import SEGMENT_MAGIC
 from ..wal.highwater import HighWater
 from ..wal.reader import read_segment_images
 from .catalog import names_check, read_catalog, read_catalogued
-from .codec import Manifest, encode_manifest, record_file_name
+from .codec import Manifest, encode_manifest, record_file_name, seal_manifest
 from .errors import StoreCorruptError
 from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
 from .loading import (
@@ -58,7 +58,6 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
     if not root.exists(RECORDS):
         raise UnsafeStateError(root.path(RECORDS), "missing")
     manifests = ManifestKeeper(root, secret, manifest)
-    high_water = HighWater.open(root, bytes.fromhex(manifest.high_water)) if manifest.high_water else None
     expected_files = _load_records(root, options, state, manifest)
     check = ReplayCheck(
         records_path=root.path(RECORDS),
@@ -68,6 +67,8 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
         # Read files only: catalogued versions are at most the checkpoint's (read_catalog).
         loaded={key: rec.lsn for key, rec in state.records.items()},
     )
+    # Opened last before the log, which owns (and on a refusal closes) the descriptor.
+    high_water = HighWater.open(root, bytes.fromhex(manifest.high_water)) if manifest.high_water else None
     wal, frames = WriteAheadLog.open(
         root,
         rel_dir=WAL_DIR,
@@ -101,13 +102,15 @@ def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
         root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
         secret = read_secret(root)
     assert secret is not None
-    manifest = Manifest(
-        generation=generation_id(0),
-        checkpoint_lsn=0,
-        wal_start_seq=1,
-        record_count=0,
-        record_digest=Digest().text(),
-        secret_check=secret_check(secret),
+    manifest = seal_manifest(
+        Manifest(
+            generation=generation_id(0),
+            checkpoint_lsn=0,
+            wal_start_seq=1,
+            record_count=0,
+            record_digest=Digest().text(),
+            secret_check=secret_check(secret),
+        )
     )
     root.ensure_dir(RECORDS)
     root.write_atomic(MANIFEST, encode_manifest(manifest))
