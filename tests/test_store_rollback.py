@@ -302,3 +302,21 @@ async def test_the_service_refuses_the_first_result_after_its_segment_was_cut(tm
         assert [await claim(f"t-{i}") for i in range(3, 6)] == [503, 503, 503]
         health = h.service.continuation_health()
         assert health.status == "unhealthy" and health.causes[0].code == "disk_failed"
+
+
+def test_doctor_cli_no_longer_says_a_rolled_back_log_opens_cleanly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's report: after the copy-back, ``doctor`` said "opens cleanly" (exit 0)."""
+    from afterword.cli import main
+
+    path = str(tmp_path)
+    store = RecordStore.open(path, options=SMALL)
+    _commit(store, 0, 3)
+    older = Path(path, SEG).read_bytes()
+    _commit(store, 3, 2)
+    abandon(store)
+    Path(path, SEG).write_bytes(older)
+    assert main(["continuations", "doctor", "--state-dir", path]) == 2
+    out = capsys.readouterr().out
+    assert "opens cleanly" not in out and "high_water_lost" in out and "HIGHWATER" in out
