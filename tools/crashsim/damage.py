@@ -23,14 +23,14 @@ copy, or zero the last writes of the log: only the HIGHWATER mark tells those fr
 batch_start, checksum or payload): a kill leaves that frame after the last MANIFEST write, so
 no evidence but the write's shadow copy can tell the damage from a torn write.
 
-Targets are the store's files: ``MANIFEST``, ``CATALOG``, ``secret``, ``owner.db``, ``records/*`` and
-``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
+Targets are the store's files: ``MANIFEST``, ``HIGHWATER``, ``CATALOG``, ``secret``, ``owner.db``,
+``records/*`` and ``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
 record is read).
 
 Damage to the directory as a whole (``DIRECTORY_KINDS``, issue 29):
 
-* ``emptied-log``: ``MANIFEST`` and every log slot deleted; ``emptied``: also ``CATALOG`` and
-  the record files. Opening as a new, empty store is a ``silent_loss``.
+* ``emptied-log``: ``MANIFEST``, every log slot and the log's ``HIGHWATER`` deleted;
+  ``emptied``: also ``CATALOG`` and the record files. Opening as a new, empty store is a ``silent_loss``.
 * ``lock-deleted``: a first owner opens the state, ``owner.db`` is deleted, and a second owner
   starts (in this process: its locks conflict exactly as another process's would). Refused,
   and the first owner notices it lost its lock file: ``fail_closed``. A second owner that
@@ -268,7 +268,9 @@ def damaged_files(case: Case, snapshots: Sequence[Snapshot], seed: int) -> dict[
     elif case.kind in ROLLBACK_KINDS:
         rolled_back(case, snapshots, files)
     elif case.kind in ("emptied-log", "emptied"):
-        gone = ("wal/",) if case.kind == "emptied-log" else ("wal/", "records/", "CATALOG")
+        # The log's HIGHWATER mark goes with the log: the refusal must rest on what remains.
+        log = ("wal/", "HIGHWATER")
+        gone = log if case.kind == "emptied-log" else (*log, "records/", "CATALOG")
         files = {rel: data for rel, data in files.items() if rel != "MANIFEST" and not rel.startswith(gone)}
     elif case.kind == "guard-replaced":
         files[GUARD_PATH] = GUARD_TEXT  # as the first claim wrote it; replaced in place below
