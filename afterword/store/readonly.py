@@ -139,11 +139,13 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         records: dict[str, Record] = {}
         high_water = None
     else:
-        # The mark before the segments: a live owner marks a write only once it is durable.
-        high_water = read_high_water(root, manifest)
         if not root.exists(RECORDS):
             raise UnsafeStateError(root.path(RECORDS), "missing")
         records = load_record_files(root, options.max_record_bytes)
+        # The mark after the records, as the owner's open reads them (one first rule for
+        # doctor and serve), and before the segments: a live owner marks a write only once
+        # it is durable, so the segments read next reach the mark.
+        high_water = read_high_water(root, manifest)
     frames, _ = read_chain(
         root,
         WAL_DIR,
