@@ -43,6 +43,11 @@ STORE_CONCURRENCY = (1, 64)
 LIMIT = "limit"
 AFTERWORD_WAL = "afterword-wal"
 AFTERWORD_STORE = "afterword-store"
+# Issue 29's HIGHWATER mark, before and after in the same run: the bare log with a mark, and
+# the store with its mark switched off (the rows above are the bare log and the real store).
+AFTERWORD_WAL_MARK = "afterword-wal+hw"
+AFTERWORD_STORE_NO_MARK = "store-without-hw"
+MARK_CONCURRENCY = (1, 64)
 SQLITE = "sqlite"
 LMDB = "lmdb"
 LIMIT_PREALLOC = "prealloc pwrite+fdatasync"
@@ -104,6 +109,25 @@ def all_cases(profile: Profile, fixtures: dict[str, str]) -> list[Case]:
     for c in STORE_CONCURRENCY:
         cases.append(
             Case(AFTERWORD_STORE, f"c={c}", "commit", c, partial(w.afterword_store, concurrency=c, seconds=s))
+        )
+    for c in MARK_CONCURRENCY:
+        cases.append(
+            Case(
+                AFTERWORD_WAL_MARK,
+                f"c={c}",
+                "commit",
+                c,
+                partial(w.afterword_wal, concurrency=c, seconds=s, high_water=True),
+            )
+        )
+        cases.append(
+            Case(
+                AFTERWORD_STORE_NO_MARK,
+                f"c={c}",
+                "commit",
+                c,
+                partial(w.afterword_store, concurrency=c, seconds=s, high_water=False),
+            )
         )
     cases.append(Case(LMDB, "c=1", "commit", 1, partial(w.lmdb_commits, seconds=s)))
     label = f"open {profile.active // 1000}k+{profile.tombstones // 1000}k"

@@ -22,6 +22,7 @@ from afterword.disk import Disk, OsDisk, StateRoot
 from afterword.store import Put, RecordStore, StoreOptions
 from afterword.store.codec import RecordImage
 from afterword.wal import WalOptions, WriteAheadLog
+from afterword.wal.highwater import HighWater
 
 from .common import PAYLOAD_1K, MiB, log_options
 
@@ -183,17 +184,20 @@ def afterword_wal(
     commit_mode: str | None = None,
     no_fsync: bool = False,
     lag: bool = False,
+    high_water: bool = False,
 ) -> Sample:
     """``concurrency`` asyncio tasks committing 1 KiB payloads to a bare WriteAheadLog.
 
-    ``lag`` also runs a task that sleeps 1 ms in a loop and records how late it wakes
+    ``high_water`` gives the log a HIGHWATER mark as the record store does (each write then
+    also marks its last lsn, with its own fdatasync: issue 29's cost). ``lag`` also runs a task that sleeps 1 ms in a loop and records how late it wakes
     (``extra["lag_p99_ms"]``): what the commit path costs everything else on the loop.
     """
     root = StateRoot(os.path.join(workdir, "state"), disk or OsDisk())
     options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync)
     if commit_mode is not None:
         options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync, commit_mode=commit_mode)
-    wal, _ = WriteAheadLog.open(root, start_seq=1, checkpoint_lsn=0, options=options)
+    mark = HighWater.create(root, b"\x00" * 16, 0, 0) if high_water else None
+    wal, _ = WriteAheadLog.open(root, start_seq=1, checkpoint_lsn=0, options=options, high_water=mark)
     try:
         if prewarm_pool:
             prewarm(wal, wal_pool_segments(seconds, options.segment_size))
@@ -227,14 +231,24 @@ def afterword_wal(
 
 
 def afterword_store(
-    workdir: str, concurrency: int, seconds: float, *, options: StoreOptions | None = None
+    workdir: str,
+    concurrency: int,
+    seconds: float,
+    *,
+    options: StoreOptions | None = None,
+    high_water: bool = True,
 ) -> Sample:
     """``concurrency`` tasks each running ``transact([Put(key, 1 KiB)])`` in a loop.
 
     Default store options: the log is checkpointed when it reaches its cap, and new segments
-    are created as the log grows, so this row carries the store's whole cost.
+    are created as the log grows, so this row carries the store's whole cost. Without
+    ``high_water`` the open store's log stops marking HIGHWATER: the store as it was before
+    issue 29, for measuring what the mark costs (never a way to run a store).
     """
     store = RecordStore.open(os.path.join(workdir, "state"), options=options)
+    if not high_water and store.wal.high_water is not None:
+        store.wal.high_water.close()
+        store.wal.high_water = None
     try:
         store.transact_sync([Put("cont/warmup", PAYLOAD_1K)])
 

@@ -53,6 +53,12 @@ def test_compare_quick_reports_every_system_and_setting(tmp_path: Path) -> None:
         ("afterword-store", "c=64"),
     }
     expected |= {(system, f"c={c}") for system in ("afterword-wal", "sqlite") for c in CONCURRENCY}
+    # Issue 29: the HIGHWATER mark's cost, before and after in the same run.
+    expected |= {
+        (system, f"c={c}")
+        for system in (compare.AFTERWORD_WAL_MARK, compare.AFTERWORD_STORE_NO_MARK)
+        for c in compare.MARK_CONCURRENCY
+    }
     assert expected <= rows.keys()
     opens = {r["system"] for r in data["rows"] if r["kind"] == "open"}
     assert opens == {"afterword-store", "sqlite"}
@@ -219,3 +225,18 @@ def test_service_open_workloads_read_no_tombstone(tmp_path: Path) -> None:
     assert workloads.afterword_service_open(str(tmp_path / "s")).extra["unread"] == 50
     assert workloads.afterword_service_open(str(tmp_path / "n")).extra["unread"] == 0
     assert workloads.sqlite_service_rows(str(tmp_path / "s.sqlite")).ops == 70
+
+
+@pytest.mark.parametrize("high_water", [True, False])
+def test_mark_rows_measure_the_store_with_and_without_its_mark(tmp_path: Path, high_water: bool) -> None:
+    """``store-without-hw`` must really be the store before issue 29 (no mark written), and
+    ``afterword-store`` the store with it, or the cost the rows show is no cost at all."""
+    from _highwater import current_mark
+
+    from bench import workloads
+
+    os.chmod(tmp_path, 0o700)
+    sample = workloads.afterword_store(str(tmp_path), 1, 0.05, high_water=high_water)
+    assert sample.rate > 0
+    marked = current_mark(str(tmp_path / "state")).lsn
+    assert (marked > 1) is high_water

@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 from _disk_helpers import abandon
+from _highwater import mark_back
 
 from afterword.disk import NoSyncDisk
 from afterword.store import Delete, Mutation, Put, RecordStore, StoreOptions
@@ -216,9 +217,12 @@ def cut_images(w: Workload, cut: int, filler: str) -> dict[str, bytes]:
     return images
 
 
-def install(work: Path, images: dict[str, bytes], manifest: bytes) -> None:
-    """Put the WAL files back to ``images`` in place (same inodes, modes untouched), and the
-    MANIFEST the killed writer left (recovery and the probe commits rewrite it)."""
+def install(work: Path, images: dict[str, bytes], manifest: bytes, acked_lsn: int) -> None:
+    """Put the WAL files back to ``images`` in place (same inodes, modes untouched), the
+    MANIFEST the killed writer left (recovery and the probe commits rewrite it), and a
+    HIGHWATER mark at ``acked_lsn``: the kill came right after the last write the MANIFEST
+    vouches for, so every later write's fate is the cut's (issue 29 tests the mark itself)."""
+    mark_back(str(work), acked_lsn)
     fd = os.open(work / "MANIFEST", os.O_WRONLY | os.O_TRUNC)
     try:
         os.write(fd, manifest)
@@ -249,7 +253,7 @@ def test_every_cut_recovers_a_prefix_that_keeps_all_acknowledged(
     failures: list[str] = []
     repairs = refusals = 0
     for cut in points:
-        install(work, cut_images(w, cut, filler), w.manifest)
+        install(work, cut_images(w, cut, filler), w.manifest, w.checkpoint_lsn + w.acked_prefix)
         whole = sum(1 for f in w.frames if f.end <= cut)  # acknowledged before the cut
         intact = sum(1 for f in w.frames if f.payload_end <= cut)  # padding is not checksummed
         # The MANIFEST names every chain segment and vouches for acked_prefix transactions:

@@ -91,6 +91,14 @@ def _guard_directory(state: Path) -> None:
     _guard(state).mkdir(0o700)
 
 
+def _replace_by_directory(which: Callable[[Path], Path]) -> Damage:
+    def damage(state: Path) -> None:
+        which(state).unlink()
+        which(state).mkdir(0o700)
+
+    return damage
+
+
 def _foreign_owner(which: Callable[[Path], Path]) -> Damage:
     return lambda state: os.chown(which(state), 12345, 12345)
 
@@ -168,8 +176,15 @@ CASES: dict[str, tuple[Damage, bool]] = {
     "blobs_dir_mode_0755": (_chmod(lambda s: s / "blobs", 0o755), True),
     "payloads_dir_symlink": (_dir_symlink("payloads"), True),
     "leftover_temporary": (_leftover_temporary, False),
-    "manifest_and_log_deleted": (_remove("MANIFEST", "wal/*.seg"), True),
-    "manifest_log_records_deleted": (_remove("MANIFEST", "CATALOG", "wal/*.seg", "records/*.rec"), True),
+    "manifest_and_log_deleted": (_remove("MANIFEST", "wal/*.seg", "HIGHWATER"), True),
+    "manifest_log_records_deleted": (_remove("MANIFEST", "CATALOG", "wal/*.seg", "HIGHWATER", "records/*.rec"), True),
+    "manifest_deleted": (_remove("MANIFEST"), True),
+    "highwater_deleted": (_remove("HIGHWATER"), True),
+    "highwater_truncated": (_truncate(lambda s: s / "HIGHWATER"), True),
+    "highwater_mode_0644": (_chmod(lambda s: s / "HIGHWATER", 0o644), True),
+    "highwater_symlink": (_symlink_to_copy(lambda s: s / "HIGHWATER"), True),
+    "highwater_hard_link": (_hard_link(lambda s: s / "HIGHWATER"), True),
+    "highwater_directory": (_replace_by_directory(lambda s: s / "HIGHWATER"), True),
 }
 if os.geteuid() == 0:
     CASES["guard_foreign_owner"] = (_foreign_owner(_guard), True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from _disk_helpers import SMALL, abandon
+from _highwater import mark_back, reseal_manifest
 
 from afterword.store import FORMAT, Put, RecordStore, StoreCorruptError, open_readonly
 from afterword.store.evidence import EvidenceError
@@ -157,21 +158,28 @@ def test_item3_replaced_secret_fails_closed(tmp_path: object) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "rule"),
-    [(("checkpoint_lsn",), "acknowledged_lost"), (("checkpoint_lsn", "acked_lsn"), "manifest_behind_records")],
+    ("fields", "mark_too", "rule"),
+    [
+        (("checkpoint_lsn",), False, "acknowledged_lost"),
+        # The HIGHWATER mark still records lsn 5 as acknowledged (issue 29).
+        (("checkpoint_lsn", "acked_lsn"), False, "high_water_lost"),
+        (("checkpoint_lsn", "acked_lsn"), True, "manifest_behind_records"),
+    ],
 )
 def test_item4_manifest_checkpoint_lsn_edited_back_fails_closed(
-    tmp_path: object, fields: tuple[str, ...], rule: str
+    tmp_path: object, fields: tuple[str, ...], mark_too: bool, rule: str
 ) -> None:
     path = str(tmp_path)
     _make(path, before=5, after=0, killed=False)
-    mpath = os.path.join(path, "MANIFEST")
-    manifest = json.loads(Path(mpath).read_bytes())
-    assert manifest["checkpoint_lsn"] == 5
-    for name in fields:
-        manifest[name] = 0
-    with open(mpath, "w") as fh:
-        json.dump(manifest, fh)
+    assert json.loads(Path(path, "MANIFEST").read_bytes())["checkpoint_lsn"] == 5
+
+    def edit(manifest: dict[str, object]) -> None:
+        for name in fields:
+            manifest[name] = 0
+
+    reseal_manifest(path, edit)  # a forger who recomputes the checksum (test_manifest_checksum)
+    if mark_too:
+        mark_back(path, 0)
     _refused(path, rule)
 
 
@@ -255,8 +263,10 @@ def test_item5_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
     path = str(tmp_path)
     acked = _make(path, killed=True)
     seg, frame = _last_frame(path)
-    # A write that never completed: its frame is damaged and no whole shadow proves it
-    # reached the disk, so it was never acknowledged and may be cut.
+    # A write that never completed: its frame is damaged, no whole shadow proves it reached
+    # the disk and the HIGHWATER mark never recorded it, so it was never acknowledged and
+    # may be cut.
+    mark_back(path, frame.lsn - 1)
     _flip(seg, frame.offset + FIELDS["payload"])
     _flip(seg, frame.end + 8)
     with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
@@ -297,6 +307,7 @@ def test_v3_state_is_upgraded_on_first_open(tmp_path: object) -> None:
     v3["format"] = "per-record-v3"
     with open(mpath, "w") as fh:
         json.dump(v3, fh)
+    os.unlink(os.path.join(path, "HIGHWATER"))  # no v3 build wrote one
     with RecordStore.open(path, options=SMALL) as store:
         assert {r.key: r.value for r in store.items()} == acked
         assert store.manifest.format == FORMAT

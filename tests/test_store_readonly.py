@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from _disk_helpers import SMALL, abandon, snapshot
+from _highwater import mark_back
 
 from afterword.disk import UnsafeStateError
 from afterword.store import Put, RecordStore, StoreCorruptError, open_readonly
@@ -62,6 +63,7 @@ def test_reads_beside_an_owner_holding_the_lock(tmp_path: object) -> None:
 def test_torn_tail_is_left_out_not_cut(tmp_path: object) -> None:
     path = str(tmp_path)
     _fill(path, 3, killed=True)  # no clean close: nothing records lsn 3 as acknowledged
+    mark_back(path, 2)  # ... nor the HIGHWATER mark: killed before marking it
     seg = os.path.join(path, "wal", "00000000.seg")
     data = _flip_last_frame(seg)
     with open(seg, "r+b") as fh:

@@ -66,7 +66,7 @@ def test_manifest_log_records_and_catalog_of_a_checkpointed_store_deleted(state_
 
 @pytest.mark.parametrize(
     "evidence",
-    ["secret", "CATALOG", "records-v2/ROLLBACK-GUARD", f"payloads/{DIGEST}", f"blobs/{DIGEST}",
+    ["secret", "HIGHWATER", "CATALOG", "records-v2/ROLLBACK-GUARD", f"payloads/{DIGEST}", f"blobs/{DIGEST}",
      "wal/00000001.seg", "wal/00000001.broken.1", "records/6b3a30.rec"],
 )
 def test_each_file_a_used_store_writes_is_evidence(state_dir: str, evidence: str) -> None:
@@ -97,7 +97,8 @@ def test_a_secret_alone_is_refused_but_a_first_open_mark_lets_it_finish(state_di
     assert not os.path.exists(os.path.join(state_dir, "CREATING"))
     with open(os.path.join(state_dir, "secret"), "rb") as fh:
         secret = fh.read()
-    _remove(state_dir, "MANIFEST", "owner.db", "wal/*.seg")
+    # An interrupted first open stops before its MANIFEST, so it never wrote a HIGHWATER mark.
+    _remove(state_dir, "MANIFEST", "owner.db", "wal/*.seg", "HIGHWATER")
     _refused_naming(state_dir, "secret")
     fd = os.open(os.path.join(state_dir, "CREATING"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.close(fd)

@@ -20,6 +20,7 @@ from ..legacy.formats import MigrationError
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
 from ..store.lock import check_lock_file
+from ..store.survey import describe, survey_short_segments
 from ..wal import WalError, WalEvidenceError
 
 _RESTORE_ALL = (
@@ -41,6 +42,17 @@ _ADVICE: dict[str, tuple[str, str]] = {
     "segment_short": ("a write-ahead log segment was truncated", _RESTORE_ALL),
     "segment_replaced": ("a write-ahead log segment was overwritten or zeroed", _RESTORE_ALL),
     "acknowledged_lost": ("the log ends before the last transaction the MANIFEST saw acknowledged", _RESTORE_ALL),
+    # Issue 29: the HIGHWATER mark and the MANIFEST checksum.
+    "high_water_lost": (
+        "the log ends before the last transaction the HIGHWATER mark saw acknowledged "
+        "(a segment was rolled back to an older copy, truncated, or its last writes zeroed)",
+        _RESTORE_ALL,
+    ),
+    "high_water_mismatch": ("the log holds another transaction where an acknowledged one was", _RESTORE_ALL),
+    "high_water_missing": ("HIGHWATER, which records how far the log was acknowledged, is gone", _RESTORE_ALL),
+    "high_water_replaced": ("HIGHWATER is not the file this state's MANIFEST names", _RESTORE_ALL),
+    "high_water_damaged": ("HIGHWATER holds no whole mark (damaged or truncated)", _RESTORE_ALL),
+    "manifest_checksum": ("MANIFEST was edited or damaged (its checksum does not match)", _RESTORE_ALL),
     "record_digest": (
         "record files are missing or older than the MANIFEST and the log account for",
         _RESTORE_ALL,
@@ -154,6 +166,11 @@ def diagnose(state_dir: str) -> Diagnosis:
             d.notes.append("no MANIFEST yet: the directory was never opened by a host")
         return d
     d.meaning, d.restore = _ADVICE.get(d.rule, _DAMAGED)
+    if d.rule == "segment_short":
+        # Which lsns the cut left whole, and whether extending the slot keeps every one.
+        survey = survey_short_segments(state_dir)
+        if survey is not None:
+            d.restore = describe(survey)
     return d
 
 

@@ -25,8 +25,8 @@ class UnsafeStateError(DiskError, StateError):
     """A path under the state root violates a fail-closed rule.
 
     ``rule`` is one of: ``symlink``, ``not_regular``, ``not_directory``, ``hard_link``,
-    ``wrong_owner``, ``permissive_mode``, ``identity_changed``, ``too_large``, ``missing``,
-    ``bad_lock_file``.
+    ``wrong_owner``, ``permissive_mode``, ``identity_changed``, ``size_changed``, ``too_large``,
+    ``missing``, ``bad_lock_file``.
     """
 
     def __init__(self, path: str, rule: str, detail: str = "") -> None:

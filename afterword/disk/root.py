@@ -241,8 +241,10 @@ class CheckedRoot:
             handle.closed = True
             self.disk.close(handle.fd)
 
-    def check_identity(self, handle: FileHandle) -> None:
-        """The path must still name the inode we opened (and still obey the file rules)."""
+    def check_identity(self, handle: FileHandle, *, size: int | None = None) -> None:
+        """The path must still name the inode we opened (and still obey the file rules);
+        with ``size``, the file must still be that long (a fixed-size file cut or grown under
+        us: rule ``size_changed``)."""
         try:
             st = self.disk.lstat(handle.path)
         except FileNotFoundError:
@@ -252,6 +254,8 @@ class CheckedRoot:
         if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
             raise UnsafeStateError(handle.path, "identity_changed", "path names another inode")
         check_file_stat(handle.path, st, self.euid)
+        if size is not None and st.st_size != size:
+            raise UnsafeStateError(handle.path, "size_changed", f"{st.st_size} bytes, it had {size}")
 
     def read_file(self, rel: str, *, max_size: int) -> bytes:
         """Read a whole file after checking its size against ``max_size`` (fail closed)."""

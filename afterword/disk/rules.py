@@ -72,4 +72,7 @@ def open_error(disk: Disk, path: str, exc: OSError, *, directory: bool) -> Excep
         return UnsafeStateError(path, "not_directory")
     if exc.errno == errno.ENOENT:
         return UnsafeStateError(path, "missing")
+    if exc.errno == errno.EISDIR and not directory:
+        # A writable open of a directory fails before fstat could name the rule.
+        return UnsafeStateError(path, "not_regular")
     return exc

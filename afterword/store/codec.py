@@ -68,7 +68,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ``record_digest`` (sum of a hash of every (key, version) at ``checkpoint_lsn``) and
     ``secret_check`` (a MAC of a constant under the secret). v3 files lack them. ``catalog``
     (v5) names the checkpoint's ``CATALOG`` file by the XXH3-128 of its bytes ("": none, read
-    every record file).
+    every record file). ``high_water`` names the ``HIGHWATER`` file by its id (32 hex digits,
+    "": none yet) and ``checksum`` is the XXH3-128 of the MANIFEST as encoded with an empty
+    ``checksum`` ("": written before MANIFESTs carried one; see ``docs/storage-format.md``).
     """
 
     format: str = FORMAT
@@ -83,6 +85,8 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     record_digest: str = ""
     secret_check: str = ""
     catalog: str = ""
+    high_water: str = ""
+    checksum: str = ""
 
 
 _tx_encoder = msgspec.msgpack.Encoder()
@@ -142,10 +146,22 @@ def decode_record(data: bytes, name: str, key: str | None = None) -> RecordImage
     return image
 
 
+def manifest_checksum(manifest: Manifest) -> str:
+    """The checksum a MANIFEST carries: XXH3-128 of its encoding with ``checksum`` empty."""
+    body = _json_encoder.encode(msgspec.structs.replace(manifest, checksum=""))
+    return xxhash.xxh3_128_hexdigest(body)
+
+
+def seal_manifest(manifest: Manifest) -> Manifest:
+    """``manifest`` carrying its checksum (every MANIFEST this build writes is sealed)."""
+    return msgspec.structs.replace(manifest, checksum=manifest_checksum(manifest))
+
+
 def encode_manifest(manifest: Manifest) -> bytes:
+    """The bytes of ``manifest``, sealed with its checksum."""
     if len(manifest.generation.encode()) > MAX_GENERATION_BYTES:
         raise ValueError("manifest generation id exceeds 256 bytes")
-    data = _json_encoder.encode(manifest)
+    data = _json_encoder.encode(seal_manifest(manifest))
     if len(data) > MAX_MANIFEST_BYTES:
         raise ValueError("manifest exceeds 1 MiB")
     return data

@@ -5,7 +5,11 @@ Nothing here writes; each function applies the fail-closed rules of ``docs/stora
 
 from __future__ import annotations
 
+import hmac
+
 from ..disk import StateRoot, is_temp_name
+from ..wal.errors import WalEvidenceError
+from ..wal.highwater import HIGHWATER, HIGHWATER_SIZE, Mark, read_mark
 from .codec import (
     MAX_MANIFEST_BYTES,
     Manifest,
@@ -13,8 +17,10 @@ from .codec import (
     decode_manifest,
     decode_record,
     key_from_file_name,
+    manifest_checksum,
 )
 from .errors import StoreCorruptError
+from .evidence import EvidenceError
 
 MANIFEST = "MANIFEST"
 SECRET = "secret"
@@ -28,10 +34,35 @@ SECRET_BYTES = 32
 
 
 def read_manifest(root: StateRoot) -> Manifest | None:
-    """The decoded MANIFEST, or None if there is none."""
+    """The decoded MANIFEST, or None if there is none; its checksum verified.
+
+    A MANIFEST without a checksum was written before MANIFESTs carried one, and is accepted
+    only while no ``HIGHWATER`` exists: the build that creates that file seals every
+    MANIFEST first, so a bare MANIFEST beside one was edited or restored from elsewhere.
+    The open that accepts a bare one rewrites it sealed (``ManifestKeeper.start_high_water``).
+    """
     if not root.exists(MANIFEST):
         return None
-    return decode_manifest(root.read_file(MANIFEST, max_size=MAX_MANIFEST_BYTES))
+    manifest = decode_manifest(root.read_file(MANIFEST, max_size=MAX_MANIFEST_BYTES))
+    path = root.path(MANIFEST)
+    if manifest.checksum:
+        if not hmac.compare_digest(manifest.checksum, manifest_checksum(manifest)):
+            raise EvidenceError(path, "manifest_checksum", "its content does not match its checksum (edited or damaged)")
+    elif root.exists(HIGHWATER):
+        raise EvidenceError(
+            path, "manifest_checksum", "it carries no checksum, but HIGHWATER shows a build that writes one wrote here"
+        )
+    return manifest
+
+
+def read_high_water(root: StateRoot, manifest: Manifest) -> tuple[Mark, str] | None:
+    """The mark of the ``HIGHWATER`` the MANIFEST names, and its path (None: names none)."""
+    if not manifest.high_water:
+        return None
+    path = root.path(HIGHWATER)
+    if not root.exists(HIGHWATER):
+        raise WalEvidenceError(path, "high_water_missing", "the MANIFEST names it; it records the acknowledged lsn")
+    return read_mark(root.read_file(HIGHWATER, max_size=HIGHWATER_SIZE), path, bytes.fromhex(manifest.high_water)), path
 
 
 def read_secret(root: StateRoot) -> bytes | None:

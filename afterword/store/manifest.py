@@ -12,7 +12,8 @@ import msgspec
 
 from ..disk import StateRoot
 from ..wal import WriteAheadLog
-from .codec import FORMAT, Manifest, SegmentRef, encode_manifest
+from ..wal.highwater import HighWater
+from .codec import FORMAT, Manifest, SegmentRef, encode_manifest, seal_manifest
 from .evidence import secret_check
 from .loading import MANIFEST
 
@@ -54,7 +55,7 @@ class ManifestKeeper:
                     for r in wal.live_segments(start)
                 )
             fields["generation"] = generation_id(fields.get("checkpoint_lsn", base.checkpoint_lsn))
-            manifest = msgspec.structs.replace(base, **fields)
+            manifest = seal_manifest(msgspec.structs.replace(base, **fields))
             self.root.write_atomic(MANIFEST, encode_manifest(manifest))
             self.current = manifest
 
@@ -62,6 +63,24 @@ class ManifestKeeper:
         # In the WAL's writing thread: the new life's header is durable; name it before any
         # frame is written into it.
         self.write()
+
+    def start_high_water(self, last_check: int) -> None:
+        """Give the open log a new ``HIGHWATER`` marking its durable lsn, then name it.
+
+        A MANIFEST from before checksums is first rewritten sealed, so that no crash leaves
+        a bare MANIFEST beside a ``HIGHWATER`` (which ``read_manifest`` refuses). A crash
+        before the naming leaves an unnamed file that the next open replaces.
+        """
+        wal = self.wal
+        assert wal is not None
+        if not self.current.checksum:
+            self.write()
+        check = last_check if wal.durable_lsn > self.current.checkpoint_lsn else 0
+        file_id = _secrets.token_bytes(16)
+        high_water = HighWater.create(self.root, file_id, wal.durable_lsn, check)
+        high_water.sync = not wal.options.unsafe_no_fsync
+        wal.high_water = high_water
+        self.write(high_water=file_id.hex())
 
     def forget_segments(self, slots: list[int]) -> None:
         keep = tuple(ref for ref in self.current.segments if ref.slot not in slots)

@@ -32,6 +32,7 @@ from .loading import (
     WAL_DIR,
     check_guard_file,
     load_record_files,
+    read_high_water,
     read_manifest,
     read_secret,
 )
@@ -136,10 +137,15 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         refuse_if_used(root)
         manifest = Manifest(generation="", checkpoint_lsn=0, wal_start_seq=1, record_count=0)
         records: dict[str, Record] = {}
+        high_water = None
     else:
         if not root.exists(RECORDS):
             raise UnsafeStateError(root.path(RECORDS), "missing")
         records = load_record_files(root, options.max_record_bytes)
+        # The mark after the records, as the owner's open reads them (one first rule for
+        # doctor and serve), and before the segments: a live owner marks a write only once
+        # it is durable, so the segments read next reach the mark.
+        high_water = read_high_water(root, manifest)
     frames, _ = read_chain(
         root,
         WAL_DIR,
@@ -148,6 +154,7 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         max_payload=options.wal.max_payload,
         named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn, r.size) for r in manifest.segments],
         acked_lsn=manifest.acked_lsn,
+        high_water=high_water,
     )
     check = ReplayCheck(
         records_path=root.path(RECORDS),

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from ..disk import StateRoot, UnsafeStateError
 from ..wal import NamedSegment, WriteAheadLog
+from ..wal.highwater import HighWater
 from .catalog import names_check, read_catalog, read_catalogued
-from .codec import Manifest, encode_manifest, record_file_name
+from .codec import Manifest, encode_manifest, record_file_name, seal_manifest
 from .evidence import Digest, EvidenceError, ReplayCheck, check_secret, secret_check
 from .loading import (
     MANIFEST,
@@ -39,6 +40,7 @@ class Recovered:
     manifests: ManifestKeeper  # the MANIFEST found (or created), with the log attached
     wal: WriteAheadLog
     replayed: int  # transactions replayed from the log
+    last_check: int  # checksum field of the last replayed frame (0: none replayed)
 
 
 def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Recovered:
@@ -67,6 +69,8 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
         # Read files only: catalogued versions are at most the checkpoint's (read_catalog).
         loaded={key: rec.lsn for key, rec in state.records.items()},
     )
+    # Opened last before the log, which owns (and on a refusal closes) the descriptor.
+    high_water = HighWater.open(root, bytes.fromhex(manifest.high_water)) if manifest.high_water else None
     wal, frames = WriteAheadLog.open(
         root,
         rel_dir=WAL_DIR,
@@ -76,6 +80,7 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
         named=[NamedSegment(r.slot, r.seq, int(r.salt, 16), r.first_lsn, r.size) for r in manifest.segments],
         acked_lsn=manifest.acked_lsn,
         before_free=manifests.forget_segments,  # names the segments it is about to reuse
+        high_water=high_water,
     )
     manifests.wal = wal
     try:
@@ -85,7 +90,8 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
     except BaseException:
         wal.close()
         raise
-    return Recovered(manifests, wal, len(frames))
+    last_check = frames.checksum(len(frames) - 1) if len(frames) else 0
+    return Recovered(manifests, wal, len(frames), last_check)
 
 
 def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
@@ -98,13 +104,15 @@ def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
         root.write_atomic(SECRET, _secrets.token_bytes(SECRET_BYTES))
         secret = read_secret(root)
     assert secret is not None
-    manifest = Manifest(
-        generation=generation_id(0),
-        checkpoint_lsn=0,
-        wal_start_seq=1,
-        record_count=0,
-        record_digest=Digest().text(),
-        secret_check=secret_check(secret),
+    manifest = seal_manifest(
+        Manifest(
+            generation=generation_id(0),
+            checkpoint_lsn=0,
+            wal_start_seq=1,
+            record_count=0,
+            record_digest=Digest().text(),
+            secret_check=secret_check(secret),
+        )
     )
     root.ensure_dir(RECORDS)
     root.write_atomic(MANIFEST, encode_manifest(manifest))

@@ -5,6 +5,7 @@ Layout of a state directory (all directories 0700, files 0600)::
     owner.db     SQLite ownership lock (held for the process lifetime)
     secret       32 random bytes; every token is derived from it
     MANIFEST     JSON: checkpoint lsn, where the live WAL chain starts, generation id
+    HIGHWATER    the last acknowledged lsn, marked after every durable write (wal/highwater.py)
     CATALOG      every record's key and version as of the checkpoint (see catalog.py)
     wal/         preallocated segments (see afterword.wal)
     records/     one file per record, named by the hex of its key
@@ -131,6 +132,8 @@ class RecordStore:
             if self.manifest.format != FORMAT:
                 log.warning("store: upgrading %s from %s to %s", self.root.root, self.manifest.format, FORMAT)
                 self.checkpoint_sync()
+            if not self.manifest.high_water:  # a new directory, or one written before the mark
+                self._manifests.start_high_water(opened.last_check)
         except BaseException:
             if hasattr(self, "_wal"):
                 self._wal.close()
@@ -416,6 +419,3 @@ class RecordStore:
 
     def __repr__(self) -> str:
         return f"<RecordStore {self.root.root} records={len(self._state)} lsn={self._wal.next_lsn - 1}>"
-
-
-

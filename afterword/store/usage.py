@@ -6,8 +6,9 @@ also its record files) would otherwise open as empty and healthy, and every prod
 would then be answered a second time. Files that only an opened store writes prove it was
 used: the secret (a first open marks its work with ``CREATING`` until its MANIFEST is
 durable, so a secret without a MANIFEST and without that mark is never a new one), record
-files, log slots and repair copies, the checkpoint catalog, the rollback guard, stored blobs
-and payloads. Finding one, the open refuses (``manifest_missing``) and names it.
+files, log slots and repair copies, the log's ``HIGHWATER`` mark (written only once a MANIFEST
+is durable, so never by an interrupted first open), the checkpoint catalog, the rollback guard,
+stored blobs and payloads. Finding one, the open refuses (``manifest_missing``) and names it.
 
 What cannot be detected here: a directory stripped of every one of those files opens as new.
 (A directory moved away leaves nothing at its path; its owner marks the path when it notices,
@@ -17,6 +18,7 @@ see ``OwnershipLock.check``.)
 from __future__ import annotations
 
 from ..disk import StateRoot, is_temp_name
+from ..wal.highwater import HIGHWATER
 from .catalog import CATALOG
 from .evidence import EvidenceError
 from .loading import GUARD_PATH, MANIFEST, RECORDS, SECRET, WAL_DIR
@@ -43,7 +45,7 @@ def use_evidence(root: StateRoot, *, secret_counts: bool) -> str | None:
     for name in _listed(root, WAL_DIR):
         if name.endswith(".seg") or ".broken." in name:
             return root.path(f"{WAL_DIR}/{name}")
-    for rel in (CATALOG, GUARD_PATH):
+    for rel in (HIGHWATER, CATALOG, GUARD_PATH):
         if root.exists(rel):
             return root.path(rel)
     for rel in _STORED_DIRS:

@@ -98,6 +98,11 @@ class LogFrames(Sequence[Frame]):
                 yield lsn, view[start:end]
                 lsn += 1
 
+    def checksum(self, index: int) -> int:
+        """The checksum field of frame ``index`` (the 8 bytes before its payload)."""
+        start = self.spans[2 * index]
+        return int.from_bytes(self._run_at(index).data[start - 8 : start], "little")
+
     def frame(self, index: int) -> Frame:
         if not 0 <= index < len(self):
             raise IndexError(index)

@@ -19,6 +19,7 @@ from ..disk import StateRoot, StorageFullError
 from .committer import Committer
 from .frame import SEGMENT_HEADER_SIZE
 from .frames import LogFrames
+from .highwater import HighWater
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
 from .recovery import RecoveringLog
 from .scan import NamedSegment
@@ -77,6 +78,7 @@ class WriteAheadLog(RecoveringLog):
         named: Sequence[NamedSegment] = (),
         acked_lsn: int = 0,
         before_free: Callable[[list[int]], None] | None = None,
+        high_water: HighWater | None = None,
     ) -> tuple[WriteAheadLog, LogFrames]:
         """Open (creating if needed) and return the log plus the frames to replay (spans into
         the segments read, see ``frames.py``).
@@ -85,14 +87,21 @@ class WriteAheadLog(RecoveringLog):
         must be present and the log must reach ``acked_lsn``, else ``WalEvidenceError``
         before anything is repaired. ``before_free(slots)`` runs before named segments past
         the end of the log (leftovers of a torn write) are freed, so the caller can stop
-        naming them first.
+        naming them first. ``high_water`` (``highwater.py``), when given, is checked the same
+        way before anything is repaired, then marked after every write from now on (the log
+        closes it).
         """
         wal = cls(root, rel_dir, options or WalOptions())
         try:
-            frames = wal._recover(start_seq, checkpoint_lsn, list(named), acked_lsn, before_free)
+            frames = wal._recover(start_seq, checkpoint_lsn, list(named), acked_lsn, before_free, high_water)
         except BaseException:
             wal.close()  # a refused open must not leak segment descriptors
+            if high_water is not None:
+                high_water.close()
             raise
+        if high_water is not None:
+            high_water.sync = not wal.options.unsafe_no_fsync
+            wal.high_water = high_water
         return wal, frames
 
     def append_sync(self, payload: bytes) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..disk import StateRoot
 from .frames import LogFrames
+from .highwater import Mark, check_mark
 from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_chain
 
 SEGMENT_SUFFIX = ".seg"
@@ -41,15 +42,20 @@ def read_chain(
     max_payload: int,
     named: list[NamedSegment] | None = None,
     acked_lsn: int = 0,
+    high_water: tuple[Mark, str] | None = None,
 ) -> tuple[LogFrames, list[SegmentImage]]:
     """The frames a recovery would replay, and the segment images they came from.
 
     Raises ``WalCorruptError`` on damage a crash cannot explain, exactly as recovery would;
-    a torn tail that recovery would cut is left out here.
+    a torn tail that recovery would cut is left out here. ``high_water`` is the mark (and
+    its file's path) read *before* the segments: a live writer marks only durable writes,
+    so what the segments show then reaches it.
     """
     images = read_segment_images(root, rel_dir)
     wal_path = root.path(rel_dir)
     check_named(named or [], images, start_seq=start_seq, wal_path=wal_path)
     plan = scan_chain(images, start_seq=start_seq, checkpoint_lsn=checkpoint_lsn, max_payload=max_payload)
     check_acked(plan.next_lsn, acked_lsn, wal_path)
+    if high_water is not None:
+        check_mark(high_water[0], plan.frames, plan.next_lsn, high_water[1])
     return plan.frames, images

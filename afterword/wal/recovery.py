@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from .frame import SEGMENT_HEADER_SIZE, decode_segment_header
 from .frames import LogFrames
+from .highwater import HighWater, check_mark
 from .scan import NamedSegment, Restore, SegmentImage, check_acked, check_named, scan_chain
 from .segments import SEGMENT_SUFFIX, SegmentLog, _Segment
 
@@ -25,6 +26,7 @@ class RecoveringLog(SegmentLog):
         named: list[NamedSegment],
         acked_lsn: int,
         before_free: Callable[[list[int]], None] | None,
+        high_water: HighWater | None = None,
     ) -> LogFrames:
         root = self.root
         root.ensure_dir(self.rel_dir)
@@ -50,6 +52,8 @@ class RecoveringLog(SegmentLog):
             max_payload=self.options.max_payload,
         )
         check_acked(plan.next_lsn, acked_lsn, wal_path)
+        if high_water is not None:
+            check_mark(high_water.mark, plan.frames, plan.next_lsn, high_water.handle.path)
         by_slot = {img.slot: img for img in images}
         for slot, seg in self._segments.items():
             image = by_slot.get(slot)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..disk import FileHandle, StateRoot, StorageFullError
 from .errors import TransactionTooLarge, WalClosedError
 from .frame import SEGMENT_HEADER_SIZE, SegmentHeader, encode_frame, encode_segment_header, frame_size
+from .highwater import HighWater, frame_check
 from .options import WalOptions, WalStatistics
 from .scan import NamedSegment
 from .shadow import SHADOW_OVERHEAD, encode_shadow
@@ -55,6 +56,9 @@ class SegmentLog:
         # header is durable and before any frame is written into it; the record store names
         # the life in its MANIFEST there, so a named segment that is gone is proof of damage.
         self.on_segment_start: Callable[[], None] | None = None
+        # Marked after every durable write, before anyone is told (``highwater.py``): the
+        # evidence of how far the log was acknowledged that a segment cannot roll back with.
+        self.high_water: HighWater | None = None
 
     def _slot_rel(self, slot: int) -> str:
         return f"{self.rel_dir}/{slot:08d}{SEGMENT_SUFFIX}"
@@ -253,13 +257,18 @@ class SegmentLog:
             parts.append(encode_frame(seg.header.salt, lsn, batch_start, payload))
             self._tail_offset += size
         assert seg is not None
+        last_check = frame_check(parts[-1])
         self._write_part(seg, head, parts, part_offset, part_first, items[-1][0])
         for s in touched:
-            self.root.check_identity(s.handle)
+            # The size too: a segment cut while we serve would take acknowledged frames with
+            # it, and writes past the cut would land beyond a hole (refused from here on).
+            self.root.check_identity(s.handle, size=s.size)
             if not self.options.unsafe_no_fsync:
                 began = time.perf_counter()
                 self.root.fdatasync(s.handle)
                 self.stats.observe_fsync(time.perf_counter() - began)
+        if self.high_water is not None:
+            self.high_water.record(items[-1][0], last_check)
         self.durable_lsn = items[-1][0]
         self.stats.batches += 1
         self.stats.commits += len(items)
@@ -281,7 +290,7 @@ class SegmentLog:
         data = b"".join(parts)
         # Before writing too (not only before the fdatasync): bytes sent through a stale
         # descriptor would land in whatever file the old inode now is.
-        self.root.check_identity(seg.handle)
+        self.root.check_identity(seg.handle, size=seg.size)
         self.root.pwrite(seg.handle, data, offset)
         self.stats.bytes_written += len(data)
         parts.clear()
@@ -311,4 +320,6 @@ class SegmentLog:
         for seg in self._segments.values():
             self.root.close(seg.handle)
         self._segments.clear()
+        if self.high_water is not None:
+            self.high_water.close()
 

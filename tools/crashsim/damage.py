@@ -16,18 +16,21 @@ Anything else is a violation: ``silent_loss`` (opened holding an earlier prefix:
 work gone), ``wrong`` (opened holding a state no prefix explains) or ``unnamed`` (refused
 with an error that is not one of the fail-closed kinds, e.g. a traceback).
 
+``segment-rollback`` and ``tail-zeroed`` (``rollback.py``) roll a segment back to an older
+copy, or zero the last writes of the log: only the HIGHWATER mark tells those from a crash.
+
 ``tail_bitflip`` flips one bit of the last WAL frame (in its marker, length, lsn,
 batch_start, checksum or payload): a kill leaves that frame after the last MANIFEST write, so
 no evidence but the write's shadow copy can tell the damage from a torn write.
 
-Targets are the store's files: ``MANIFEST``, ``CATALOG``, ``secret``, ``owner.db``, ``records/*`` and
-``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
+Targets are the store's files: ``MANIFEST``, ``HIGHWATER``, ``CATALOG``, ``secret``, ``owner.db``,
+``records/*`` and ``wal/*``. Blob files are not damaged here (their loss is checked by the blob store when a
 record is read).
 
 Damage to the directory as a whole (``DIRECTORY_KINDS``, issue 29):
 
-* ``emptied-log``: ``MANIFEST`` and every log slot deleted; ``emptied``: also ``CATALOG`` and
-  the record files. Opening as a new, empty store is a ``silent_loss``.
+* ``emptied-log``: ``MANIFEST``, every log slot and the log's ``HIGHWATER`` deleted;
+  ``emptied``: also ``CATALOG`` and the record files. Opening as a new, empty store is a ``silent_loss``.
 * ``lock-deleted``: a first owner opens the state, ``owner.db`` is deleted, and a second owner
   starts (in this process: its locks conflict exactly as another process's would). Refused,
   and the first owner notices it lost its lock file: ``fail_closed``. A second owner that
@@ -54,13 +57,14 @@ from afterword.store import OwnershipLostError, Put, RecordStore, StoreError
 from afterword.wal import WalError
 from afterword.wal.frame import SEGMENT_HEADER_SIZE, Frame, decode_frame_at, decode_segment_header
 
+from .rollback import ROLLBACK_KINDS, rollback_cases, rolled_back
 from .runner import Scratch
 from .workloads import ACKED, Journal, Observation, Workload
 
 DAMAGE_WORKLOADS = ("store-tx", "checkpoint", "blobs")
 OUTCOMES = ("fail_closed", "exact", "silent_loss", "wrong", "unnamed", "unsafe_open")
 _VIOLATIONS = ("silent_loss", "wrong", "unnamed", "unsafe_open")
-KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "manifest-rollback")
+KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "manifest-rollback", *ROLLBACK_KINDS)
 DIRECTORY_KINDS = ("emptied-log", "emptied", "lock-deleted", "guard-replaced")
 # How guard-replaced replaces the guard (Case.version indexes this).
 GUARD_DAMAGE = ("dangling-symlink", "symlink", "directory", "mode-0644", "hard-link", "foreign-owner")
@@ -69,7 +73,7 @@ _PROBES = ("lock-probe:first", "lock-probe:second")
 # at run time): marker, length, lsn, batch_start, checksum.
 _FRAME_FIELDS = (("marker", 1), ("length", 5), ("lsn", 9), ("batch_start", 17), ("checksum", 25), ("payload", -1))
 _TARGET_DIRS = ("records", "wal")
-_TOP_FILES = ("MANIFEST", "CATALOG", "secret")
+_TOP_FILES = ("MANIFEST", "CATALOG", "secret", "HIGHWATER")
 _FAIL_CLOSED = (StoreError, WalError, DiskError)
 _DISK = NoSyncDisk()
 
@@ -87,7 +91,9 @@ class Case:
     snapshot: int  # index into the snapshots
     kind: str
     target: str  # relative path damaged
-    version: int = -1  # manifest-rollback: index of the earlier MANIFEST; tail_bitflip: field
+    # manifest-rollback: index of the earlier MANIFEST; tail_bitflip: field; segment-rollback:
+    # the snapshot whose copy of the segment is put back; tail-zeroed: how many writes
+    version: int = -1
 
     @property
     def ident(self) -> str:
@@ -196,6 +202,7 @@ def enumerate_cases(snapshots: Sequence[Snapshot]) -> list[Case]:
                 cases.append(Case(i, "manifest-rollback", "MANIFEST", v))
         if current is not None and (not manifests or manifests[-1] != current):
             manifests.append(current)
+    cases += [Case(*spec) for spec in rollback_cases(snapshots)]
     return cases
 
 
@@ -258,8 +265,12 @@ def damaged_files(case: Case, snapshots: Sequence[Snapshot], seed: int) -> dict[
         files[case.target] = bytes(flipped)
     elif case.kind == "manifest-rollback":
         files["MANIFEST"] = _manifest_versions(snapshots)[case.version]
+    elif case.kind in ROLLBACK_KINDS:
+        rolled_back(case, snapshots, files)
     elif case.kind in ("emptied-log", "emptied"):
-        gone = ("wal/",) if case.kind == "emptied-log" else ("wal/", "records/", "CATALOG")
+        # The log's HIGHWATER mark goes with the log: the refusal must rest on what remains.
+        log = ("wal/", "HIGHWATER")
+        gone = log if case.kind == "emptied-log" else (*log, "records/", "CATALOG")
         files = {rel: data for rel, data in files.items() if rel != "MANIFEST" and not rel.startswith(gone)}
     elif case.kind == "guard-replaced":
         files[GUARD_PATH] = GUARD_TEXT  # as the first claim wrote it; replaced in place below
@@ -355,13 +366,11 @@ def run_damage(
     only: str | None = None,
     kinds: Sequence[str] | None = None,
 ) -> DamageResult:
-    """Damage every (or a ``budget`` sample per kind of) case and classify each recovery;
-    ``kinds`` keeps only the cases of those kinds."""
+    """Damage every (or a ``budget`` sample per kind of) case of ``kinds`` (default: all)
+    and classify each recovery."""
     began = time.perf_counter()
     snapshots = record_snapshots(workload, scratch)
-    cases = enumerate_cases(snapshots)
-    if kinds is not None:
-        cases = [c for c in cases if c.kind in kinds]
+    cases = [c for c in enumerate_cases(snapshots) if kinds is None or c.kind in kinds]
     result = DamageResult(workload.name, workload.seed, workload.ops, len(snapshots), len(cases))
     if only is not None:
         cases = [c for c in cases if c.ident == only]
