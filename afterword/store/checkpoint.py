@@ -7,14 +7,44 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from ..disk import StateRoot
 from .catalog import CATALOG, CatalogSource, Entry, catalog_check, encode_catalog
 from .codec import encode_record, record_file_name
+from .evidence import Digest
 from .loading import RECORDS
+from .manifest import ManifestKeeper
 from .types import Record
 
 log = logging.getLogger("afterword.store")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointImage:
+    """What one checkpoint writes, taken while commits are held: the records changed since the
+    last one, the digest and catalog of the whole committed state at ``lsn``, and the first
+    segment the new MANIFEST keeps for replay."""
+
+    start_seq: int
+    lsn: int
+    snapshot: dict[str, Record | None]
+    digest: Digest
+    catalog: CatalogSource
+
+
+def write_checkpoint(root: StateRoot, manifests: ManifestKeeper, image: CheckpointImage, threads: int) -> None:
+    """Record files, then the catalog, then the MANIFEST naming both: a crash before the last
+    write leaves the previous MANIFEST in force, and the log still covers everything."""
+    write_record_files(root, image.snapshot, threads)
+    catalog = write_catalog(root, image.lsn, image.catalog)
+    manifests.write(
+        checkpoint_lsn=image.lsn,
+        wal_start_seq=image.start_seq,
+        record_count=image.digest.count,
+        record_digest=image.digest.text(),
+        catalog=catalog,
+    )
 
 
 def write_record_files(root: StateRoot, snapshot: dict[str, Record | None], threads: int) -> None:

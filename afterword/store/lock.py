@@ -137,6 +137,15 @@ class OwnershipLock:
         except OSError as exc:  # cannot look (EACCES, EIO): ownership is no longer provable
             raise OwnershipLostError(self._root.root, f"cannot check it: {exc.strerror or exc}") from None
 
+    def check_or_fail(self) -> None:
+        """:meth:`check`, and on a loss mark the state root failed, so that every later write
+        through it is refused (``disk_failed``), not only the one that noticed."""
+        try:
+            self.check()
+        except OwnershipLostError as exc:
+            self._root.fail(exc)
+            raise
+
     def _check(self) -> None:
         assert self._dir_lock is not None
         try:

@@ -1,16 +1,7 @@
 """The ``per-record-v5`` record store: WAL commits, per-record files, in-memory state.
 
-Layout of a state directory (all directories 0700, files 0600)::
-
-    owner.db     SQLite ownership lock (held for the process lifetime)
-    secret       32 random bytes; every token is derived from it
-    MANIFEST     JSON: checkpoint lsn, where the live WAL chain starts, generation id
-    HIGHWATER    the last acknowledged lsn, marked after every durable write (wal/highwater.py)
-    CATALOG      every record's key and version as of the checkpoint (see catalog.py)
-    wal/         preallocated segments (see afterword.wal)
-    records/     one file per record, named by the hex of its key
-
-A mutation is a transaction committed to the WAL; memory changes only after the fdatasync
+The directory's layout (owner.db, secret, MANIFEST, HIGHWATER, CATALOG, wal/, records/) and
+each file's rules are specified in docs/storage-format.md. A mutation is a transaction committed to the WAL; memory changes only after the fdatasync
 that covers it. A checkpoint writes the records changed since the previous one as files
 (atomic replace, one directory fsync per batch), then the catalog and a new manifest, and
 only then releases the WAL segments it covered. Replay applies an after-image only when its
@@ -29,8 +20,7 @@ import anyio
 
 from ..disk import Disk, StateRoot, storage_errno
 from ..wal import WriteAheadLog
-from .catalog import CatalogSource
-from .checkpoint import deferred_if_full, deferred_if_full_async, write_catalog, write_record_files
+from .checkpoint import CheckpointImage, deferred_if_full, deferred_if_full_async, write_checkpoint
 from .codec import FORMAT, Manifest, Op
 from .errors import OwnershipLostError, StoreClosedError
 from .evidence import Digest
@@ -102,8 +92,6 @@ class RecordStore:
         self._durable_lsn = 0
         self._closed = False
         self._checkpoint_lock = anyio.Lock()  # one checkpoint at a time
-        self._checkpoint_digest = Digest()
-        self._checkpoint_catalog: CatalogSource
         self._gate = anyio.Lock(fast_acquire=True)  # held only while a checkpoint drains and rolls the log
         self._checkpoints = 0
         self._last_checkpoint_seconds = 0.0
@@ -172,13 +160,8 @@ class RecordStore:
         """Raise :class:`OwnershipLostError` if the state directory or its lock file was
         removed or replaced since this store opened it; every later write is then refused
         (``disk_failed``) until the process stops and a new one opens the directory."""
-        if self._lock is None:
-            return
-        try:
-            self._lock.check()
-        except OwnershipLostError as exc:
-            self.root.fail(exc)
-            raise
+        if self._lock is not None:
+            self._lock.check_or_fail()
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
@@ -306,15 +289,15 @@ class RecordStore:
         async with self._gate:
             await self._wal.flush()  # every reserved commit durable, then applied
             self._apply_durable()
-            start_seq, lsn, snapshot = self._begin_checkpoint()
+            image = self._begin_checkpoint()
         # Commits go on while the snapshot is written: they land in segments from start_seq
         # on, which this checkpoint's manifest keeps for replay.
         try:
-            await anyio.to_thread.run_sync(self._write_checkpoint, start_seq, lsn, snapshot)
+            await anyio.to_thread.run_sync(self._write_checkpoint, image)
         except BaseException:
-            self._state.dirty.update(snapshot)
+            self._state.dirty.update(image.snapshot)
             raise
-        self._wal.retire_before(start_seq)
+        self._wal.retire_before(image.start_seq)
 
     def checkpoint_sync(self) -> None:
         # Refuse a poisoned store first: commits that failed with it stay queued as unapplied
@@ -323,37 +306,31 @@ class RecordStore:
         self.root.check_writable()
         if self._unapplied:
             raise RuntimeError("checkpoint_sync with asynchronous commits in flight")
-        start_seq, lsn, snapshot = self._begin_checkpoint()
+        image = self._begin_checkpoint()
         try:
-            self._write_checkpoint(start_seq, lsn, snapshot)
+            self._write_checkpoint(image)
         except BaseException:
-            self._state.dirty.update(snapshot)
+            self._state.dirty.update(image.snapshot)
             raise
-        self._wal.retire_before(start_seq)
+        self._wal.retire_before(image.start_seq)
 
-    def _begin_checkpoint(self) -> tuple[int, int, dict[str, Record | None]]:
+    def _begin_checkpoint(self) -> CheckpointImage:
         self._check_open()
         self.root.check_writable()
         # A checkpoint rewrites files by path: never into a directory this store does not own.
         self.check_ownership()
         start_seq, lsn = self._wal.roll()
-        snapshot = self._state.take_dirty()
-        self._checkpoint_digest = Digest(self._state.digest.value, self._state.digest.count)
-        self._checkpoint_catalog = self._state.catalog_source()
-        return start_seq, lsn, snapshot
-
-    def _write_checkpoint(self, start_seq: int, lsn: int, snapshot: dict[str, Record | None]) -> None:
-        digest = self._checkpoint_digest
-        began = time.perf_counter()
-        write_record_files(self.root, snapshot, self.options.checkpoint_threads)
-        catalog = write_catalog(self.root, lsn, self._checkpoint_catalog)
-        self._manifests.write(
-            checkpoint_lsn=lsn,
-            wal_start_seq=start_seq,
-            record_count=digest.count,
-            record_digest=digest.text(),
-            catalog=catalog,
+        return CheckpointImage(
+            start_seq=start_seq,
+            lsn=lsn,
+            snapshot=self._state.take_dirty(),
+            digest=Digest(self._state.digest.value, self._state.digest.count),
+            catalog=self._state.catalog_source(),
         )
+
+    def _write_checkpoint(self, image: CheckpointImage) -> None:
+        began = time.perf_counter()
+        write_checkpoint(self.root, self._manifests, image, self.options.checkpoint_threads)
         self._checkpoints += 1
         self._last_checkpoint_seconds = time.perf_counter() - began
 
