@@ -37,7 +37,7 @@ _ERRORS: dict[str, type[E.ContinuationError]] = {
     "not_found": E.NotFound,
     "conflict": E.Conflict,
     "closed": E.Closed,
-    "too_large": E.TooLarge,
+    "too_large": E.RequestTooLarge,
     "admission_limit": E.AdmissionLimit,
 }
 
