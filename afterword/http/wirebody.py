@@ -1,9 +1,6 @@
 """The request and answer rules of the HTTP API that need no web framework: the bearer
 credential, the body size checks, the typed JSON decode and every error's answer.
-
-Both front doors use them: the Quart app (through ``messages.py`` and its error handlers) and
-the raw ASGI fast path for the hot producer routes (``fastpath.py``), so the two answer
-byte for byte alike.
+The Quart app uses them through ``messages.py`` and its error handlers.
 """
 
 from __future__ import annotations

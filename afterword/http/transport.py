@@ -1,17 +1,26 @@
-"""Our own accept loop in front of hypercorn's HTTP/1.1 protocol.
+"""The one module that reaches into hypercorn: our accept loop around its HTTP/1.1 protocol.
 
-hypercorn's ``serve`` accepts every connection it is offered and keeps each until the peer
-goes away, so a few hundred slow clients hold the server's memory and descriptors, and when
-descriptors run out every failed ``accept`` is logged. This module keeps hypercorn's protocol
-code (h11 parsing, the ASGI bridge) and replaces only the loop around it:
+hypercorn's public ``serve`` accepts every connection, keeps each until the peer goes away and
+speaks cleartext HTTP/2 to any client that asks (prior knowledge or ``Upgrade: h2c``), where
+each of 100 streams per connection gets its own body allowance. What hypercorn's settings
+(``hypercorn_config`` in ``server.py``) and the ASGI middleware (``gate.py``) cannot do needs
+the connection, so it lives here, against the exact hypercorn version pinned in
+pyproject.toml; ``tests/test_http_transport_pin.py`` fails on an upgrade that changes any
+internal used below:
 
-1. at most ``max_connections`` connections are served at once; one more is answered with a
-   ``503`` JSON error and closed, so memory is bounded by the cap times the per-connection
-   bound (request head 16 KiB, read buffer 64 KiB, body limit);
-2. a failing ``accept`` (out of descriptors, say) is logged once when the failures begin and
-   once when they end, with the count, and retried after a pause, never in a tight loop;
-3. a request hypercorn cannot parse (bad Content-Length, control characters, an oversized
-   head) is answered with the JSON error envelope instead of an empty body.
+1. connections are admitted to ``max_connections`` general slots; when those are full, one
+   that proved nothing and is between requests is evicted for the newcomer, else the newcomer
+   takes one of ``RESERVED_SLOTS`` slots kept for the operator and the liveness probe (as
+   PostgreSQL keeps connections for superusers); past those it is answered ``503`` and closed;
+2. a connection without a credentialed request after ``UNCREDENTIALED_GRACE_S`` is closed;
+3. only HTTP/1.1 is spoken (``_Http11`` ignores ``Upgrade: h2c`` and never switches to h2);
+4. a request h11 cannot parse is answered with the JSON error envelope;
+5. a failing ``accept`` (out of descriptors, say) is logged once when the failures begin and
+   then at most once a minute, and retried after a pause, never in a tight loop.
+
+Touched internals: ``H11Protocol`` (constructor, ``_check_protocol``, ``_send_error_response``,
+``_send_h11_event``), ``TCPServer`` (constructor, ``_read_data``, ``_close``, ``idle_task``,
+``_idle_timeout``, ``protocol_send``), ``TaskGroup``, ``Lifespan``, ``WorkerContext``.
 """
 
 from __future__ import annotations
@@ -28,22 +37,25 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import h11
-import msgspec
 from hypercorn.asyncio.lifespan import Lifespan
 from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import RawData
-from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.typing import AppWrapper, ConnectionState, H11SendableEvent
+from hypercorn.typing import AppWrapper, ConnectionState
 from hypercorn.utils import parse_socket_addr, wrap_app
 
 from ..protocol.wire import ErrorBody, ErrorDetail
+from .gate import REFUSAL_BODY, Peer, Slot
+from .wirebody import encoder
 
 log = logging.getLogger("afterword.http")
 
+RESERVED_SLOTS = 4
+"""Connections kept, beyond ``maxConnections``, for the operator and the liveness probe."""
+UNCREDENTIALED_GRACE_S = 10.0
+"""How long a connection may stay without a request that carried an accepted credential."""
 RESERVED_DESCRIPTORS = 64
 """Descriptors kept free, beyond those already open and the refusals in flight, for the
 store, WAL segments, blobs and outbound channels, when the cap is clamped to the limit."""
@@ -59,23 +71,16 @@ _PROTOCOL_ERRORS = {
     431: ("too_large", "request head (line or headers) too large"),
     501: ("invalid_request", "unsupported transfer encoding"),
 }
-_encoder = msgspec.json.Encoder()
 
 
-def error_bytes(status: int, code: str, message: str) -> bytes:
-    return _encoder.encode(ErrorBody(error=ErrorDetail(code=code, message=message)))
+def error_bytes(code: str, message: str) -> bytes:
+    return encoder.encode(ErrorBody(error=ErrorDetail(code=code, message=message)))
 
 
-def _refusal() -> bytes:
-    body = error_bytes(503, "too_many_connections", "the service is serving its maximum number of connections")
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-REFUSAL = _refusal()
+REFUSAL = (
+    "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    f"content-length: {len(REFUSAL_BODY)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+).encode() + REFUSAL_BODY
 
 
 def open_descriptors() -> int:
@@ -87,11 +92,12 @@ def open_descriptors() -> int:
 
 def connection_cap(configured: int) -> int:
     """``configured``, lowered if the descriptor limit could not hold that many connections
-    besides the descriptors already open, the refusals in flight and a reserve."""
+    (and the reserved slots) besides the descriptors already open, the refusals in flight and
+    a reserve."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return configured
-    room = soft - open_descriptors() - MAX_REFUSALS_IN_FLIGHT - RESERVED_DESCRIPTORS
+    room = soft - open_descriptors() - MAX_REFUSALS_IN_FLIGHT - RESERVED_DESCRIPTORS - RESERVED_SLOTS
     return max(1, min(configured, room))
 
 
@@ -107,34 +113,19 @@ def no_delay(conn: socket.socket) -> None:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class _JsonErrorH11(H11Protocol):
-    """hypercorn's HTTP/1.1 protocol, answering unparseable requests with the JSON envelope,
-    and writing a response's head together with its first body bytes.
+class _Http11(H11Protocol):
+    """hypercorn's HTTP/1.1 protocol, speaking only HTTP/1.1 and answering unparseable
+    requests with the JSON envelope."""
 
-    h11 serialises the head and each body part separately and hypercorn writes each at once:
-    two ``send`` calls (and, with Nagle off, two packets) for every small JSON answer. The
-    head of a final response is held until the next event on this connection (its body, or
-    its end when it has none) and goes out in the same write."""
-
-    _held_head = b""
-
-    async def _send_h11_event(self, event: H11SendableEvent) -> None:
-        try:
-            data = self.connection.send(event)
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:
-                raise
-            return
-        if isinstance(event, h11.Response):
-            self._held_head += data or b""
-            return
-        if self._held_head:
-            data, self._held_head = self._held_head + (data or b""), b""
-        await self.send(RawData(data=data))
+    async def _check_protocol(self, event: h11.Request) -> None:
+        # hypercorn switches to HTTP/2 here on ``Upgrade: h2c`` or the h2 preface. Doing
+        # nothing answers the upgrade request in HTTP/1.1 (an upgrade is optional for the
+        # server), and the preface ``PRI * HTTP/2.0`` becomes a request the app refuses (400).
+        return None
 
     async def _send_error_response(self, status_code: int) -> None:
         code, message = _PROTOCOL_ERRORS.get(status_code, ("invalid_request", "malformed HTTP request"))
-        body = error_bytes(status_code, code, message)
+        body = error_bytes(code, message)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -146,15 +137,9 @@ class _JsonErrorH11(H11Protocol):
         await self._send_h11_event(h11.EndOfMessage())
 
 
-class _Protocol(ProtocolWrapper):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        (app, config, context, task_group, state, ssl, client, server, send) = args[:9]
-        self.protocol = _JsonErrorH11(app, config, context, task_group, state, ssl, client, server, send)
-
-
 class _Connection(TCPServer):
-    """hypercorn's per-connection driver with our protocol class (plain HTTP only)."""
+    """hypercorn's per-connection driver, with ``_Http11`` in place of its protocol switcher
+    (plain HTTP/1.1 only)."""
 
     async def run(self) -> None:
         sock = self.writer.get_extra_info("socket")
@@ -163,7 +148,7 @@ class _Connection(TCPServer):
             server = parse_socket_addr(sock.family, sock.getsockname())
             async with TaskGroup(self.loop) as task_group:
                 self._task_group = task_group
-                self.protocol = _Protocol(
+                self.protocol = _Http11(  # type: ignore[assignment]
                     self.app,
                     self.config,
                     self.context,
@@ -186,8 +171,19 @@ class _Connection(TCPServer):
             await self._close()
 
 
+def _peer(conn: socket.socket) -> Peer | None:
+    try:
+        addr = conn.getpeername()
+    except OSError:
+        return None
+    if isinstance(addr, tuple):
+        return (str(addr[0]), int(addr[1]))
+    return ("", conn.fileno())  # not TCP (a test's socketpair): still one key per connection
+
+
 class AcceptLoop:
-    """Accepts until cancelled; hands each connection to ``handle`` or refuses it.
+    """Accepts until cancelled; gives each connection a slot (general, by eviction, or
+    reserved) and hands it to ``handle``, or refuses it.
 
     ``accept`` is injected so the failure path can be driven by a test."""
 
@@ -197,20 +193,37 @@ class AcceptLoop:
         handle: Callable[[socket.socket], Awaitable[None]],
         max_connections: int,
         *,
+        reserved: int = RESERVED_SLOTS,
+        grace_s: float | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._accept = accept
         self._handle = handle
         self.max_connections = max_connections
+        self.reserved = reserved
+        self.grace_s = UNCREDENTIALED_GRACE_S if grace_s is None else grace_s
         self._sleep = sleep
-        self.active = 0
         self.refused = 0
+        self.evicted = 0
         self.accept_failures = 0
         self._refusing = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._conns: dict[Peer, tuple[socket.socket, Slot]] = {}
+        self._general = 0
+        self._reserved_held = 0
 
     def __repr__(self) -> str:
-        return f"<AcceptLoop active={self.active}/{self.max_connections} refused={self.refused}>"
+        return (
+            f"<AcceptLoop active={self.active}/{self.max_connections}+{self.reserved} refused={self.refused}>"
+        )
+
+    @property
+    def active(self) -> int:
+        return self._general + self._reserved_held
+
+    def slot_of(self, peer: Peer) -> Slot | None:
+        entry = self._conns.get(peer)
+        return entry[1] if entry is not None else None
 
     async def run(self) -> None:
         unlogged = 0
@@ -237,23 +250,88 @@ class AcceptLoop:
                     logged_at, unlogged = now, 0
                 await self._sleep(ACCEPT_RETRY_S)
                 continue
-            if self.active >= self.max_connections:
-                self.refused += 1
-                self._refuse(conn)
-            else:
-                self.active += 1
-                self._spawn(self._serve(conn))
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        peer = _peer(conn)
+        if peer is None:
+            conn.close()
+            return
+        if self._general < self.max_connections or self._evict_one():
+            reserved = False
+        elif self._reserved_held < self.reserved:
+            reserved = True
+        else:
+            self.refused += 1
+            self._refuse(conn)
+            return
+        slot = Slot(reserved=reserved, opened=time.monotonic())
+        if reserved:
+            self._reserved_held += 1
+        else:
+            self._general += 1
+        self._conns[peer] = (conn, slot)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.grace_s, self._expire, conn, slot)
+        self._spawn(self._serve(conn, peer, slot, timer))
+
+    def _evict_one(self) -> bool:
+        """Close the oldest general connection that proved nothing and is between requests;
+        its slot is counted free at once (its task ends shortly)."""
+        if self._refusing >= MAX_REFUSALS_IN_FLIGHT:
+            return False  # its descriptor is not free until it closes: count it as a refusal
+        candidates = [
+            (slot.opened, peer)
+            for peer, (_, slot) in self._conns.items()
+            if not slot.reserved and slot.evictable
+        ]
+        if not candidates:
+            return False
+        _, peer = min(candidates)
+        conn, slot = self._conns.pop(peer)
+        self._general -= 1  # its task, ending shortly, finds it gone and counts nothing
+        slot.evicted = True
+        self._refusing += 1
+        self.evicted += 1
+        self._cut(conn, REFUSAL)
+        return True
+
+    @staticmethod
+    def _cut(conn: socket.socket, farewell: bytes = b"") -> None:
+        """End a served connection from outside hypercorn: its reader sees end of file and
+        hypercorn closes the connection the usual way."""
+        with contextlib.suppress(OSError):
+            if farewell:
+                conn.send(farewell)
+            conn.shutdown(socket.SHUT_RDWR)
+
+    def _expire(self, conn: socket.socket, slot: Slot) -> None:
+        if slot.credentialed:
+            return
+        slot.expired = True
+        if slot.in_flight == 0:
+            self._cut(conn)
+        # else the gate closes it after the answer in progress
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _serve(self, conn: socket.socket, peer: Peer, slot: Slot, timer: asyncio.TimerHandle) -> None:
         try:
             await self._handle(conn)
         finally:
-            self.active -= 1
+            timer.cancel()
+            entry = self._conns.get(peer)
+            if slot.evicted:
+                self._refusing -= 1
+            elif entry is not None and entry[1] is slot:
+                del self._conns[peer]
+                if slot.reserved:
+                    self._reserved_held -= 1
+                else:
+                    self._general -= 1
             conn.close()
 
     def _refuse(self, conn: socket.socket) -> None:
@@ -301,12 +379,14 @@ async def serve_socket(
     app: object,
     config: HypercornConfig,
     sock: socket.socket,
+    acceptor: Callable[
+        [Callable[[], Awaitable[socket.socket]], Callable[[socket.socket], Awaitable[None]]], AcceptLoop
+    ],
     *,
-    max_connections: int,
     shutdown_trigger: Callable[[], Awaitable[object]],
-    on_start: Callable[[AcceptLoop], None] | None = None,
 ) -> None:
-    """Serve ``app`` (ASGI) on the listening ``sock`` until ``shutdown_trigger`` returns."""
+    """Serve ``app`` (ASGI) on the listening ``sock`` until ``shutdown_trigger`` returns;
+    ``acceptor(accept, handle)`` makes the accept loop."""
     loop = asyncio.get_running_loop()
     wrapped: AppWrapper = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     state: dict[str, Any] = {}
@@ -325,10 +405,8 @@ async def serve_socket(
         reader, writer = await asyncio.open_connection(sock=conn)
         await _Connection(wrapped, loop, config, context, state, reader, writer)
 
-    acceptor = AcceptLoop(accept, handle, max_connections)
-    if on_start is not None:
-        on_start(acceptor)
-    accept_task = loop.create_task(acceptor.run())
+    loop_ = acceptor(accept, handle)
+    accept_task = loop.create_task(loop_.run())
     try:
         await shutdown_trigger()
     finally:
@@ -336,7 +414,7 @@ async def serve_socket(
         with contextlib.suppress(asyncio.CancelledError):
             await accept_task
         await context.terminated.set()
-        await acceptor.drain(config.graceful_timeout)
+        await loop_.drain(config.graceful_timeout)
         await lifespan.wait_for_shutdown()
         lifespan_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
