@@ -23,14 +23,14 @@ import pytest
 from _service import DETACHED_TOKEN, free_port, write_config
 from test_http_protocol import Harness, _raw_exchange, _result_head, serving
 
-from afterword.http.metrics import render_metrics
-from afterword.http.transport import (
+from afterword.http.acceptor import (
     MAX_REFUSALS_IN_FLIGHT,
     RESERVED_DESCRIPTORS,
     RESERVED_SLOTS,
     AcceptLoop,
     connection_cap,
 )
+from afterword.http.metrics import render_metrics
 
 pytestmark = pytest.mark.anyio
 

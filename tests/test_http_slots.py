@@ -15,7 +15,7 @@ import anyio.abc
 import pytest
 from test_http_protocol import serving
 
-import afterword.http.transport as transport
+import afterword.http.acceptor as acceptor_module
 
 pytestmark = pytest.mark.anyio
 
@@ -139,7 +139,7 @@ async def test_the_operator_gets_a_reserved_slot_when_credentialed_callers_hold_
         assert status == 503 and body["error"]["code"] == "too_many_connections"
         assert await other.closed_by_server()
         # Past the reserve as well: refused at the door.
-        extra = [await Conn.open(port) for _ in range(transport.RESERVED_SLOTS)]
+        extra = [await Conn.open(port) for _ in range(acceptor_module.RESERVED_SLOTS)]
         status, body = await extra[-1].answer()
         assert status == 503 and body["error"]["code"] == "too_many_connections"
         for conn in [op, *holders, *extra]:
@@ -149,7 +149,7 @@ async def test_the_operator_gets_a_reserved_slot_when_credentialed_callers_hold_
 async def test_a_connection_without_a_credentialed_request_is_dropped_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(transport, "UNCREDENTIALED_GRACE_S", 0.5)
+    monkeypatch.setattr(acceptor_module, "UNCREDENTIALED_GRACE_S", 0.5)
     async with serving(tmp_path) as h:
         port = h.config.port
         credentialed = await Conn.open(port)

@@ -19,9 +19,10 @@ from hypercorn.config import Config as HypercornConfig
 from ..app.service import ContinuationService
 from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
+from .acceptor import AcceptLoop, connection_cap
 from .app import MAX_REQUEST_HEAD, create_app
 from .gate import ConnectionGate, Peer, Slot
-from .transport import AcceptLoop, connection_cap, serve_socket
+from .transport import serve_socket
 
 log = logging.getLogger("afterword.http")
 

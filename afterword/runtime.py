@@ -1,7 +1,7 @@
 """``open_service``: the embedded app handle with its HTTP server and worker running.
 
-This is the composition root: the one module of the app that reaches up, to start the HTTP
-server and the worker over the service it opens.
+This is the composition root: it sits above everything it composes (the service in
+``app/``, the HTTP server, the worker, the legacy fence), so no package below has to reach up.
 """
 
 from __future__ import annotations
@@ -14,27 +14,28 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..blobs import BlobStore
-from ..config import Config, load_config
-from ..continuations.errors import ServiceDisabled
-from ..history import ConversationHistory
-from ..http.server import HttpServer
-from ..legacy import open_state
-from ..store import RecordStore, StoreOptions
-from .hostruns import host_runs
-from .payloads import check_payload_files
-from .ports import ChangeListener
-from .service import ContinuationService, wall_clock_ms
+from .app.hostruns import host_runs
+from .app.payloads import check_payload_files
+from .app.ports import ChangeListener
+from .app.service import ContinuationService, wall_clock_ms
+from .blobs import BlobStore
+from .config import Config, load_config
+from .continuations.errors import ServiceDisabled
+from .history import ConversationHistory
+from .http.server import HttpServer
+from .legacy import open_state
+from .store import RecordStore, StoreOptions
 
 if TYPE_CHECKING:
-    from ..worker.channels import Channel
-    from ..worker.synth import Synthesizer
+    from .worker.channels import Channel
+    from .worker.synth import Synthesizer
 
 __all__ = [
     "open_service",
 ]
 
 log = logging.getLogger("afterword.service")
+
 
 @asynccontextmanager
 async def open_service(
@@ -75,8 +76,10 @@ async def open_service(
         blobs = BlobStore(store.root, store.secret)
         service = ContinuationService(config, store, blobs, clock_ms=clock_ms, environ=environ)
         payloads = service.payloads  # before anything acts on a record whose payload is gone
-        check_payload_files(service.repo.live(), payloads.size, lambda d: store.root.path(f"{payloads.rel_dir}/{d}"))
-        from ..worker.compose import attach_worker  # the worker layer sits above the service
+        check_payload_files(
+            service.repo.live(), payloads.size, lambda d: store.root.path(f"{payloads.rel_dir}/{d}")
+        )
+        from .worker.compose import attach_worker
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
         service.on_change.extend(on_change)  # before anything at startup changes a record
