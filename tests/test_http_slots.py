@@ -149,18 +149,19 @@ async def test_the_operator_gets_a_reserved_slot_when_credentialed_callers_hold_
 async def test_a_connection_without_a_credentialed_request_is_dropped_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(acceptor_module, "UNCREDENTIALED_GRACE_S", 0.5)
+    # Long enough that each connection's one request is answered before its grace ends.
+    monkeypatch.setattr(acceptor_module, "UNCREDENTIALED_GRACE_S", 3.0)
     async with serving(tmp_path) as h:
         port = h.config.port
         credentialed = await Conn.open(port)
         assert (await credentialed.ask("GET", "/v1/operator/health", h.service.operator_token()))[0] == 200
-        poller, silent = await Conn.open(port), await Conn.open(port)
+        poller, stranger, silent = await Conn.open(port), await Conn.open(port), await Conn.open(port)
         assert (await poller.ask("GET", "/v1/livez"))[0] == 200
-        # A stranger's credential proves nothing either.
-        assert (await poller.ask("GET", "/v1/operator/health", "awc1.x.y"))[0] == 401
-        assert await poller.closed_by_server()
-        assert await silent.closed_by_server()
+        # A credential the route refuses proves nothing either.
+        assert (await stranger.ask("GET", "/v1/operator/health", "awc1.x.y"))[0] == 401
+        for conn in (poller, stranger, silent):
+            assert await conn.closed_by_server()
         # The credentialed connection was opened first, so its grace ran out first: it stays.
         assert (await credentialed.ask("GET", "/v1/livez"))[0] == 200
-        for conn in (credentialed, poller, silent):
+        for conn in (credentialed, poller, stranger, silent):
             await conn.aclose()
