@@ -6,7 +6,9 @@ test waits for a fixed time: each waits (bounded) for the server to act."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,57 @@ async def test_a_connection_without_a_credentialed_request_is_dropped_after_the_
         assert (await credentialed.ask("GET", "/v1/livez"))[0] == 200
         for conn in (credentialed, poller, stranger, silent):
             await conn.aclose()
+
+
+async def test_the_accept_loop_evicts_the_oldest_unproven_then_reserves_then_refuses() -> None:
+    """The bookkeeping alone, on socket pairs: who is evicted, who is reserved, who is
+    refused, and that every count returns to zero when the connections end."""
+    pairs = [socket.socketpair() for _ in range(5)]
+    queue: asyncio.Queue[socket.socket] = asyncio.Queue()
+
+    async def handle(conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:  # like hypercorn: serve until the peer (or our eviction) ends the stream
+            while await loop.sock_recv(conn, 4096):
+                pass
+        except OSError:
+            pass
+
+    loop = acceptor_module.AcceptLoop(queue.get, handle, 2, reserved=1, grace_s=60)
+    task = asyncio.ensure_future(loop.run())
+    served = [server for server, _ in pairs]
+    for server in served:
+        server.setblocking(False)
+
+    async def admit(server: socket.socket) -> None:
+        await queue.put(server)
+        while not queue.empty():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    await admit(served[0])
+    await admit(served[1])
+    first = loop.slot_of(("", served[0].fileno()))
+    second = loop.slot_of(("", served[1].fileno()))
+    assert first is not None and second is not None and loop.active == 2
+    second.credentialed = True
+    # Full: the oldest connection that proved nothing (the first) gives up its slot.
+    await admit(served[2])
+    assert loop.evicted == 1 and loop.slot_of(("", served[0].fileno())) is None
+    with anyio.fail_after(10):
+        assert pairs[0][1].recv(16).startswith(b"HTTP/1.1 503")
+    third = loop.slot_of(("", served[2].fileno()))
+    assert third is not None and not third.reserved
+    third.in_flight = 1  # mid-request: not evictable either
+    await admit(served[3])
+    fourth = loop.slot_of(("", served[3].fileno()))
+    assert fourth is not None and fourth.reserved
+    await admit(served[4])  # general and reserved slots all taken, nobody evictable
+    assert loop.refused == 1
+    for _, client in pairs:
+        client.close()
+    with anyio.fail_after(10):
+        while loop.active:
+            await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

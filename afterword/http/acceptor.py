@@ -221,15 +221,17 @@ class AcceptLoop:
             await self._handle(conn)
         finally:
             timer.cancel()
-            entry = self._conns.get(peer)
+            # Counted by the slot's own standing, not by the table: a new connection from the
+            # same address and port may already have replaced this one's entry.
             if slot.evicted:
                 self._refusing -= 1
-            elif entry is not None and entry[1] is slot:
+            elif slot.reserved:
+                self._reserved_held -= 1
+            else:
+                self._general -= 1
+            entry = self._conns.get(peer)
+            if entry is not None and entry[1] is slot:
                 del self._conns[peer]
-                if slot.reserved:
-                    self._reserved_held -= 1
-                else:
-                    self._general -= 1
             conn.close()
 
     def _refuse(self, conn: socket.socket) -> None:
