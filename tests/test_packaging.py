@@ -46,7 +46,7 @@ def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
     assert shipped and shipped <= names, shipped - names
     for example in ("work_control_server.py", "reference_host.py", "embed.py", "walkthrough.sh", "mcp.json"):
         assert f"afterword/examples/{example}" in names
-    assert "afterword/__main__.py" in names and "afterword/tasks/cli.py" in names
+    assert "afterword/__main__.py" in names and "afterword/cli/tasks.py" in names
     assert "Provides-Extra: examples" in metadata
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
 
