@@ -14,8 +14,8 @@ from .continuations.errors import ServiceDisabled
 from .errors import AfterwordError
 
 if TYPE_CHECKING:
-    from .app.runtime import open_service
     from .app.service import ContinuationService, Resolution
+    from .runtime import open_service
 
 __version__ = "0.1.0"
 
@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:
     # The service pulls in Quart and hypercorn; a tool server that only imports
     # afterword.producer should not pay for them.
     if name == "open_service":
-        from .app.runtime import open_service
+        from .runtime import open_service
 
         return open_service
     if name in ("ContinuationService", "Resolution"):

@@ -303,20 +303,16 @@ class LineCounter:
         return self.lines
 
 
-FASTPATH_ENV = "AFTERWORD_HTTP_FASTPATH"
-
-
-async def bench_detached(base: str, producers: int, n: int, fastpath: bool | None = None) -> Figure:
-    """``fastpath`` None: serve's default; True/False: the ASGI fast path on/off (named in the row)."""
+async def bench_detached(base: str, producers: int, n: int, tree: Path | None = None) -> Figure:
+    """``tree`` None: this checkout's serve; else the serve of that source tree (an older
+    commit unpacked with ``git archive``), named in the row, for a before/after run."""
     with scratch_dir(base) as scratch:
         root = Path(scratch)
         config_path = write_config(root)
         config = json.loads(config_path.read_text())["continuations"]
         outbox = root / "outbox.jsonl"
         count_lines = LineCounter(outbox)
-        env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(REPO)}
-        if fastpath is not None:
-            env[FASTPATH_ENV] = "1" if fastpath else "0"
+        env = {**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(tree or REPO)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "afterword.cli", "serve", "--config", str(config_path)],
             env=env,
@@ -365,9 +361,7 @@ async def bench_detached(base: str, producers: int, n: int, fastpath: bool | Non
             latencies = sorted(
                 ms_of(line["deliveredAt"]) - put_at[line["deliveryKey"].split(":")[0]] for line in lines
             )
-            name = "detached (serve)"
-            if fastpath is not None:
-                name = f"detached (fast path {'on' if fastpath else 'off'})"
+            name = "detached (serve)" if tree is None else f"detached (serve of {tree.name})"
             return Figure(name, producers, n, seconds, latencies, cpu)
         finally:
             proc.terminate()
@@ -559,17 +553,17 @@ async def main(args: argparse.Namespace) -> None:
         for scenario in args.scenarios:
             if scenario == "bare":
                 figures.append(await bench_bare(producers, n))
-            elif scenario == "detached" and args.fastpath == "both":
-                # Both settings in this run, alternating which goes first at each producer count.
-                order = (False, True) if args.producers.index(producers) % 2 == 0 else (True, False)
-                for setting in order:
-                    figures.append(await bench_detached(base, producers, n, setting))
+            elif scenario == "detached" and args.baseline:
+                # This checkout and the baseline in one run, alternating which goes first.
+                trees: list[Path | None] = [Path(args.baseline).resolve(), None]
+                order = trees if args.producers.index(producers) % 2 == 0 else trees[::-1]
+                for tree in order:
+                    figures.append(await bench_detached(base, producers, n, tree))
                     f = figures[-1]
                     print(f"  {f.scenario}, {producers} producer(s): {f.rate:.1f} continuations/s", flush=True)
                 continue
             elif scenario == "detached":
-                setting = None if args.fastpath == "default" else args.fastpath == "on"
-                figures.append(await bench_detached(base, producers, n, setting))
+                figures.append(await bench_detached(base, producers, n))
             elif scenario == "interactive":
                 figures.append(await bench_interactive(base, producers, n))
             else:
@@ -606,10 +600,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="dbos: the DBOS Transact peer (the bench extra); rss: serve's memory with many records",
     )
     parser.add_argument(
-        "--fastpath",
-        choices=["default", "on", "off", "both"],
-        default="default",
-        help="serve's raw ASGI fast path (AFTERWORD_HTTP_FASTPATH) for detached; both: each, in this run",
+        "--baseline",
+        help="a source tree (git archive of an older commit): detached runs its serve too, alternating",
     )
     parser.add_argument("--dbos-inflight", type=int, default=64, help="DBOS workflows in flight")
     parser.add_argument("--rss-active", type=int, default=10_000, help="active continuations for rss")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -186,12 +187,96 @@ def private_reads(root: Path, package: str = "afterword") -> set[str]:
     return found
 
 
+TOP = {"afterword", "afterword.__main__", "afterword.producer", "afterword.mcp_host"}
+"""Above every layer: the package itself, ``python -m afterword`` and the public aliases."""
+BESIDE = {"afterword.errors"}
+"""Beside every layer, importing nothing of the package."""
+
+
+def _unit(module: str) -> str:
+    """The package (``afterword.app``) or top-level module (``afterword.runtime``) a module is in."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """Package (or top-level module) -> the others it imports."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        here = _unit(module)
+        out.setdefault(here, set()).update(_unit(t) for t in targets if _unit(t) != here)
+    return out
+
+
+def layer_table(design: str, package: str = "afterword") -> list[set[str]]:
+    """The layer table's rows (the "Layers" section of the design document), bottom first:
+    the packages and top-level modules each names in its "where" column."""
+    section = design.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows: list[set[str]] = []
+    for line in section.splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or not cells[2].strip().startswith("`"):
+            continue
+        names = re.findall(rf"`{package}/([a-z_]+)(?:/|\.py)`", cells[2])
+        rows.append({f"{package}.{name}" for name in names})
+    return rows
+
+
+def layer_violations(pkgs: Mapping[str, Iterable[str]], rows: list[set[str]]) -> set[str]:
+    """Imports from a lower row to a higher one, and units the table does not place."""
+    level = {unit: i for i, row in enumerate(rows) for unit in row}
+    found: set[str] = set()
+    for unit, targets in pkgs.items():
+        if unit in TOP:
+            continue
+        if unit in BESIDE:
+            found.update(f"{unit} -> {t}" for t in targets)
+            continue
+        if unit not in level:
+            found.add(f"{unit}: not in the layer table")
+            continue
+        for target in targets:
+            # The package root holds ``__version__`` and lazy re-exports (``cli`` reads the
+            # version); importing it loads nothing above the importer.
+            if target in BESIDE or target == "afterword":
+                continue
+            if target not in level:
+                found.add(f"{target}: not in the layer table")
+            elif level[target] > level[unit]:
+                found.add(f"{unit} -> {target} (upward)")
+    return found
+
+
 # -- the rules, on the real package -------------------------------------------------------------
 def test_no_import_cycle() -> None:
     graph = import_graph(ROOT)
     assert len(graph) > 100  # the walk really saw the package
     assert cycles(graph) - CYCLES_ALLOWED == set()
     assert CYCLES_ALLOWED - cycles(graph) == set(), "an allowed cycle is gone: drop it from the list"
+
+
+def test_no_package_cycle() -> None:
+    pkgs = package_graph(import_graph(ROOT))
+    assert len(pkgs) > 15  # every package and top-level module
+    assert cycles(pkgs) == set()
+
+
+def test_no_upward_import_between_the_layers_of_the_design_table() -> None:
+    rows = layer_table((ROOT / "docs" / "design.md").read_text(encoding="utf-8"))
+    assert len(rows) > 10 and all(rows), rows
+    assert layer_violations(package_graph(import_graph(ROOT)), rows) == set()
+
+
+def test_the_http_clients_import_no_server_code() -> None:
+    # A tool server or a host in another process imports these; they share only the wire
+    # (protocol/), the domain's pure rules and errors, and config with the service.
+    # (operator.py reads the state secret; mcp_host.py drives an in-process RunBinding.)
+    server = {
+        f"afterword.{name}" for name in ("app", "http", "worker", "store", "wal", "disk", "legacy", "runtime")
+    }
+    graph = import_graph(ROOT)
+    for client in ("host", "producer", "capability", "producer_errors"):
+        module = f"afterword.clients.{client}"
+        assert {_unit(t) for t in graph[module]} & server == set(), module
 
 
 def test_no_module_above_the_line_limit() -> None:
@@ -213,6 +298,29 @@ def _write(root: Path, files: Mapping[str, str]) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+
+
+def test_the_package_checks_find_a_cycle_an_upward_import_and_an_unplaced_package(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "afterword/__init__.py": "",
+            "afterword/low/__init__.py": "from ..high import x\n",
+            "afterword/high/__init__.py": "x = 1\n",
+            "afterword/high/y.py": "from ..low import z\n",
+            "afterword/stray.py": "from .low import q\n",
+        },
+    )
+    pkgs = package_graph(import_graph(tmp_path))
+    assert cycles(pkgs) == {("afterword.high", "afterword.low")}
+    table = "## Layers\n\n| layer | where | what |\n|---|---|---|\n| low | `afterword/low/` | a |\n"
+    table += "| high | `afterword/high/` | b |\n\n## Next\n"
+    rows = layer_table(table)
+    assert rows == [{"afterword.low"}, {"afterword.high"}]
+    assert layer_violations(pkgs, rows) == {
+        "afterword.low -> afterword.high (upward)",
+        "afterword.stray: not in the layer table",
+    }
 
 
 def test_the_checks_find_a_cycle_a_long_module_and_a_private_read(tmp_path: Path) -> None:

@@ -87,11 +87,11 @@ def test_e2e_small_run_reports_every_scenario(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_fastpath_both_measures_serve_with_the_switch_off_and_on(tmp_path: Path) -> None:
+def test_baseline_measures_this_serve_and_the_baselines_in_one_run(tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
     env = dict(os.environ)
     env.pop("PYTEST_ADDOPTS", None)
-    args = ["--producers", "1", "--n", "5", "--scenarios", "detached", "--fastpath", "both"]
+    args = ["--producers", "1", "--n", "5", "--scenarios", "detached", "--baseline", str(REPO)]
     args += ["--json", str(out), "--scratch", str(tmp_path)]
     proc = subprocess.run(
         [sys.executable, "-m", "bench.e2e", *args],
@@ -103,5 +103,5 @@ def test_fastpath_both_measures_serve_with_the_switch_off_and_on(tmp_path: Path)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["scenario"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows.keys() == {"detached (fast path off)", "detached (fast path on)"}
+    assert rows.keys() == {"detached (serve)", f"detached (serve of {REPO.name})"}
     assert all(r["rate"] > 0 and r["cpu_ms_per_continuation"] > 0 for r in rows.values())

@@ -6,7 +6,6 @@ import ast
 import importlib
 import inspect
 import pkgutil
-import warnings
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,7 @@ def _defined_exceptions() -> dict[str, type[BaseException]]:
     for info in pkgutil.walk_packages(afterword.__path__, "afterword."):
         if info.name == "afterword.__main__":
             continue
-        with warnings.catch_warnings():  # the walk imports the moved paths' shims too
-            warnings.simplefilter("ignore", DeprecationWarning)
-            module = importlib.import_module(info.name)
+        module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__:
                 found[f"{module.__name__}.{name}"] = obj
@@ -198,8 +195,6 @@ def test_every_too_large_error_follows_one_name_pattern_and_is_the_callers_fault
 
 
 def test_old_too_large_names_are_the_same_classes() -> None:
-    from afterword.continuations import RequestTooLarge, TooLarge
     from afterword.history import MessageTooLarge, MessageTooLargeError
 
-    assert TooLarge is RequestTooLarge
     assert MessageTooLargeError is MessageTooLarge

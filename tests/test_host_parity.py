@@ -19,7 +19,7 @@ from afterword.blobs import BlobQuotaExceeded, BlobStore
 from afterword.clients.host import HostClient, RemoteRun
 from afterword.clients.operator import read_host_token
 from afterword.continuations import FALLBACK_TEXT, InvalidRequest
-from afterword.continuations.errors import Conflict, TooLarge
+from afterword.continuations.errors import Conflict, RequestTooLarge
 
 pytestmark = pytest.mark.anyio
 Binding = RunBinding | RemoteRun
@@ -164,7 +164,7 @@ async def test_finalize_refuses_what_cannot_be_secured(host: Callable[..., Any])
             assert getattr(caught.value, "status", None) == 400, caught.value
         x.h.service.blobs = BlobStore(x.h.service.store.root, x.h.service.store.secret, quota=1024)
         x.h.service.blobs.put(b"x" * 1000)
-        with pytest.raises((BlobQuotaExceeded, TooLarge)):
+        with pytest.raises((BlobQuotaExceeded, RequestTooLarge)):
             await run.finalize(ORIGIN)
         rec = x.h.service.repo.get(claim["continuationId"])
         assert rec is not None and rec.snapshot_digest is None and rec.origin_context == "pending"

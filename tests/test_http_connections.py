@@ -1,5 +1,5 @@
 """Connection-level defences: malformed requests still get the JSON envelope, connections
-are capped with a clear refusal, bodies have a deadline and a failing accept is logged once
+are capped (beyond the reserved slots) with a clear refusal, bodies have a deadline and a failing accept is logged once
 per burst rather than once per attempt."""
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ import pytest
 from _service import DETACHED_TOKEN, free_port, write_config
 from test_http_protocol import Harness, _raw_exchange, _result_head, serving
 
-from afterword.http.listener import MAX_REFUSALS_IN_FLIGHT, RESERVED_DESCRIPTORS, AcceptLoop, connection_cap
+from afterword.http.acceptor import (
+    MAX_REFUSALS_IN_FLIGHT,
+    RESERVED_DESCRIPTORS,
+    RESERVED_SLOTS,
+    AcceptLoop,
+    connection_cap,
+)
 from afterword.http.metrics import render_metrics
 
 pytestmark = pytest.mark.anyio
@@ -75,21 +81,26 @@ async def test_malformed_requests_get_the_json_envelope(
 
 
 # -- item 3: connection cap, body deadline, accept failures -------------------------------------
-async def test_connections_beyond_the_cap_are_refused_with_503(tmp_path: Path) -> None:
+async def test_connections_beyond_the_cap_and_the_reserve_are_refused_with_503(tmp_path: Path) -> None:
     async with serving(tmp_path, limits={"maxConnections": 4}) as h:
         port = h.config.port
-        held = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(4)]
+        operator = h.service.operator_token().encode()
+        ask = b"GET /v1/operator/health HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n\r\n"
+        held = []
+        for _ in range(4 + RESERVED_SLOTS):  # each credentialed before the next: none may be evicted
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            held.append(stream)
+            await stream.send(ask % (port, operator))
+            assert (await stream.receive()).startswith(b"HTTP/1.1 200")
         acceptor = acceptor_of(h)
-        with anyio.fail_after(10):
-            while acceptor.active < 4:
-                await anyio.sleep(0.01)
+        assert acceptor.active == 4 + RESERVED_SLOTS
         request = f"GET /v1/operator/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
         line, body = await _exchange(port, request)
         assert line.startswith("HTTP/1.1 503"), line
         assert body["error"]["code"] == "too_many_connections"
         assert acceptor.refused >= 1
         metrics = render_metrics(h.service).decode()
-        assert "afterword_http_connections 4.0" in metrics
+        assert f"afterword_http_connections {4 + RESERVED_SLOTS}.0" in metrics
         assert "afterword_http_connections_refused_total 1.0" in metrics
         for stream in held:
             await stream.aclose()
@@ -154,7 +165,7 @@ async def test_accept_failures_are_logged_once_per_burst(caplog: pytest.LogCaptu
 
 def test_the_cap_fits_under_the_descriptor_limit() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert 1 <= connection_cap(10**9) <= soft - RESERVED_DESCRIPTORS - MAX_REFUSALS_IN_FLIGHT
+    assert 1 <= connection_cap(10**9) <= soft - RESERVED_DESCRIPTORS - MAX_REFUSALS_IN_FLIGHT - RESERVED_SLOTS
     assert connection_cap(5) == 5
 
 

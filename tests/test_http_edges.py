@@ -1,5 +1,4 @@
-"""Inputs at the HTTP edges (issue 28, point 5), through both front doors (the raw ASGI fast
-path and Quart alone): host API strings bounded and free of control characters, a request
+"""Inputs at the HTTP edges (issue 28, point 5), through ``serve``'s one door: host API strings bounded and free of control characters, a request
 target that is not a path refused, and the first request after the state directory became
 unsafe answered with the documented ``503 disk_failed``, as every later one."""
 
@@ -18,13 +17,6 @@ from afterword.clients.operator import read_host_token
 from afterword.http.openapi import build_openapi
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["1", "0"], ids=["fastpath", "quart"])
-def door(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    # serve assembles its ASGI app from this switch when it starts (as CI's second run does).
-    monkeypatch.setenv("AFTERWORD_HTTP_FASTPATH", request.param)
-    return str(request.param)
 
 
 @asynccontextmanager
@@ -53,7 +45,7 @@ BAD_RUNS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-async def test_host_api_strings_are_bounded_and_free_of_control_characters(tmp_path: Path, door: str) -> None:
+async def test_host_api_strings_are_bounded_and_free_of_control_characters(tmp_path: Path) -> None:
     async with served(tmp_path) as h:
         base = h.service.base_url + "/v1/host/runs"
         headers = auth(read_host_token(h.config))
@@ -78,7 +70,7 @@ def test_the_openapi_document_shows_the_host_api_bounds() -> None:
 
 
 # -- the request target ----------------------------------------------------------------------
-async def test_an_absolute_form_request_target_is_refused(tmp_path: Path, door: str) -> None:
+async def test_an_absolute_form_request_target_is_refused(tmp_path: Path) -> None:
     async with served(tmp_path) as h:
         port = h.config.port
         claim = await h.claimed(h.bind()[1])
@@ -103,7 +95,7 @@ async def test_an_absolute_form_request_target_is_refused(tmp_path: Path, door: 
 # -- the first request after the state became unsafe ------------------------------------------
 @pytest.mark.parametrize("damage", ["state_dir_moved", "live_segment_deleted"])
 async def test_the_first_request_after_the_state_became_unsafe_is_503_disk_failed(
-    tmp_path: Path, door: str, damage: str
+    tmp_path: Path, damage: str
 ) -> None:
     async with served(tmp_path) as h:
         claim = await h.claimed(h.bind()[1])

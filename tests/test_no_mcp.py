@@ -97,7 +97,7 @@ def test_serve_and_the_operator_cli_run_without_the_mcp_sdk(tmp_path: Path) -> N
 
 
 def test_the_producer_and_the_service_import_without_the_mcp_sdk() -> None:
-    code = BLOCKER + "import afterword, afterword.producer, afterword.app.runtime, afterword.cli.main\n"
+    code = BLOCKER + "import afterword, afterword.producer, afterword.runtime, afterword.cli.main\n"
     done = run(without_mcp(code))
     assert done.returncode == 0, done.stderr
     assert ATTEMPT not in done.stderr

@@ -55,7 +55,7 @@ def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
     )
     for example in (*examples, "mcp.json"):
         assert f"afterword/examples/{example}" in names
-    assert "afterword/__main__.py" in names and "afterword/tasks/cli.py" in names
+    assert "afterword/__main__.py" in names and "afterword/cli/tasks.py" in names
     assert "Provides-Extra: examples" in metadata
     # The MCP SDK only through an extra, whose range admits both SDK lines.
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: mcp")]

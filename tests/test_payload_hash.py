@@ -28,8 +28,8 @@ from test_host_clients import TS, node  # noqa: F401 - the fixture that builds t
 from afterword.cli import main as cli_main
 from afterword.clients.producer import payload_hash
 from afterword.continuations.errors import InvalidRequest
+from afterword.continuations.jcs import NotCanonical, canonical_json
 from afterword.continuations.rules import check_result
-from afterword.protocol.jcs import NotCanonical, canonical_json
 
 # Values whose canonical text the sorted-JSON recipe got wrong, and the edges of the layout.
 NUMBERS: list[tuple[float, str]] = [

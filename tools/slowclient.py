@@ -8,6 +8,11 @@ attack connections the server still holds at the peak and after (from its own me
 
     python -m tools.slowclient --connections 300 --seconds 20
 
+``--livez`` runs the slot-holding attack instead: each connection polls ``/v1/livez`` every
+``--every`` seconds on keep-alive (reconnecting at once when the server closes it), while the
+operator (``/v1/operator/health``) and a producer (a detached claim) each ask once a second
+on a fresh connection; it counts their answers by status.
+
 Prints one JSON object. Nothing here is asserted; tests/test_http_connections.py holds the
 checks, this is the measurement behind the figures in docs/http-hardening.md.
 """
@@ -120,11 +125,69 @@ async def _attack(port: int, heads: list[bytes], every: float, seconds: float, s
     }
 
 
+async def _poller(port: int, every: float, until: float, counts: dict[str, int]) -> None:
+    head = f"GET /v1/livez HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    while time.monotonic() < until:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.1)
+            continue
+        counts["connects"] += 1
+        try:
+            while time.monotonic() < until:
+                writer.write(head)
+                await writer.drain()
+                data = await asyncio.wait_for(reader.read(4096), 5)
+                if not data:
+                    break  # the server let this connection go: come straight back
+                await asyncio.sleep(every)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+
+async def _livez_attack(port: int, connections: int, every: float, seconds: float, op: str) -> dict[str, Any]:
+    until = time.monotonic() + seconds
+    counts = {"connects": 0}
+    pollers = [asyncio.ensure_future(_poller(port, every, until, counts)) for _ in range(connections)]
+    await asyncio.sleep(min(3.0, seconds / 4))  # let the crowd take the slots
+    answers: dict[str, dict[str, int]] = {"operator": {}, "claim": {}}
+    deadline = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    i = 0
+    async with httpx.AsyncClient(
+        trust_env=False, timeout=10, limits=httpx.Limits(max_keepalive_connections=0)
+    ) as c:
+        while time.monotonic() < until:
+            i += 1
+            asks = {
+                "operator": c.get(
+                    f"http://127.0.0.1:{port}/v1/operator/health", headers={"Authorization": f"Bearer {op}"}
+                ),
+                "claim": c.post(
+                    f"http://127.0.0.1:{port}/v1/continuations/detached/claim",
+                    headers={"Authorization": f"Bearer {TOKEN}", "X-Mono-Agent-Service-Name": "attacker"},
+                    json={"route": "r", "taskKey": f"k{i}", "taskHash": "h" * 64, "deadline": deadline},
+                ),
+            }
+            for name, ask in asks.items():
+                try:
+                    status = str((await ask).status_code)
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                answers[name][status] = answers[name].get(status, 0) + 1
+            await asyncio.sleep(1.0)
+    await asyncio.gather(*pollers, return_exceptions=True)
+    return {"poller_connects": counts["connects"], "answers": answers}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--connections", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--every", type=float, default=5.0, help="seconds between trickled bytes")
+    ap.add_argument("--every", type=float, default=5.0, help="seconds between trickled bytes (or polls)")
+    ap.add_argument("--livez", action="store_true", help="the slot-holding attack (see above)")
     args = ap.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="afterword-slowclient-"))
@@ -167,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
 
         sample.connections = lambda: _metric(base, op, "afterword_http_connections")  # type: ignore[attr-defined]
         before = sample()
+        if args.livez:
+            held = asyncio.run(_livez_attack(port, args.connections, args.every, args.seconds, op))
+            print(json.dumps({"connections": args.connections, "poll_every_s": args.every, **held}, indent=2))
+            return 0
         heads = []
         for i in range(args.connections):
             token = "x" if i % 2 == 0 else claim["resultToken"]

@@ -17,6 +17,7 @@ import anyio
 from ..continuations.model import Mode
 from ..protocol.headers import RESERVED_ENV as RESERVED_ENV
 from ..protocol.headers import RESERVED_HEADERS as RESERVED_HEADERS
+from ..protocol.headers import strip_reserved_env, strip_reserved_headers
 
 __all__ = [
     "RESERVED_ENV",
@@ -27,16 +28,7 @@ __all__ = [
     "RunBinding",
     "RunClaims",
     "RunSettler",
-    "strip_reserved_env",
-    "strip_reserved_headers",
 ]
-
-def strip_reserved_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    return {k: v for k, v in (env or {}).items() if k.upper() not in RESERVED_ENV}
-
-
-def strip_reserved_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    return {k: v for k, v in (headers or {}).items() if k.lower() not in RESERVED_HEADERS}
 
 
 @dataclass

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import blake3
 
 from ..continuations.errors import ContinuationError
 from ..continuations.health import ACTIVE
+from ..continuations.keyspace import ACTIVATION as ACTIVATION
+from ..continuations.keyspace import LIVE as LIVE
+from ..continuations.keyspace import TOMB as TOMB
+from ..continuations.keyspace import bounded_batches as bounded_batches
 from ..continuations.model import (
     Activation,
     Continuation,
@@ -42,9 +46,6 @@ __all__ = [
     "referenced_blobs",
 ]
 
-LIVE = "c/"
-TOMB = "t/"
-ACTIVATION = "a/"
 
 class IndexCorrupt(ContinuationError, StoreCorruptError):
     key: str = ""  # the record that could not be indexed (shown by health)
@@ -56,26 +57,6 @@ class IndexCorrupt(ContinuationError, StoreCorruptError):
 
     status = 500
     code = "state_corrupt"
-
-
-def bounded_batches(
-    ids: Sequence[str], size: Callable[[str], int], budget: int, max_count: int
-) -> list[list[str]]:
-    """Split ``ids`` in order into batches of at most ``max_count`` whose ``size`` sums stay
-    within ``budget`` (a single item larger than the budget forms a batch of its own)."""
-    out: list[list[str]] = []
-    batch: list[str] = []
-    used = 0
-    for cid in ids:
-        n = size(cid)
-        if batch and (used + n > budget or len(batch) >= max_count):
-            out.append(batch)
-            batch, used = [], 0
-        batch.append(cid)
-        used += n
-    if batch:
-        out.append(batch)
-    return out
 
 
 def referenced_blobs(rec: Continuation) -> tuple[str, ...]:

@@ -31,7 +31,6 @@ import anyio
 import msgspec
 from rich.console import Console
 
-from ..app.runtime import open_service
 from ..app.service import ContinuationService
 from ..clients.mcp_host import Settlement
 from ..clients.producer import Producer, task_hash
@@ -40,6 +39,7 @@ from ..continuations.model import Continuation
 from ..errors import AfterwordError
 from ..http.server import ServeError
 from ..protocol.views import status_body
+from ..runtime import open_service
 
 # A built wheel carries the examples as afterword/examples (see setup.py); a source checkout
 # (an editable install) has them beside the package.

@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 
 from ..continuations.errors import InvalidRequest
+from ..continuations.jcs import NotCanonical
 from ..continuations.rules import payload_hash
 from ..http.strictjson import check_body
-from ..protocol.jcs import NotCanonical
 from .common import CliError
 
 

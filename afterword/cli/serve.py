@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 import anyio
 import msgspec
 
-from ..app.runtime import open_service
 from ..config import (
     Config,
     OutboxChannelConfig,
@@ -21,6 +20,7 @@ from ..config import (
     missing_detached_tokens,
 )
 from ..http.server import ServeError
+from ..runtime import open_service
 from ..worker.channels import OutboxChannel
 from .statelog import StateChangeLog
 

@@ -22,10 +22,9 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from ..app.binding import strip_reserved_env, strip_reserved_headers
 from ..continuations import errors as E
 from ..protocol import paths
-from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS
+from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS, strip_reserved_env, strip_reserved_headers
 from ..protocol.host import CapturedTextBody, RunBody
 from ..protocol.wire import HealthBody, ListResponse, StatusBody
 
@@ -37,7 +36,7 @@ _ERRORS: dict[str, type[E.ContinuationError]] = {
     "not_found": E.NotFound,
     "conflict": E.Conflict,
     "closed": E.Closed,
-    "too_large": E.TooLarge,
+    "too_large": E.RequestTooLarge,
     "admission_limit": E.AdmissionLimit,
 }
 

@@ -28,13 +28,10 @@ __all__ = [
     "Limits",
     "McpServer",
     "NamedRoute",
-    "OutboxChannel",
     "OutboxChannelConfig",
     "Retention",
-    "SlackChannel",
     "SlackChannelConfig",
     "SynthesisConfig",
-    "WebhookChannel",
     "WebhookChannelConfig",
     "channel_allows",
 ]
@@ -277,12 +274,6 @@ class WebhookChannelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 ChannelConfig = OutboxChannelConfig | SlackChannelConfig | WebhookChannelConfig
-
-# The settings classes used to share their names with the adapters in afterword.worker.channels;
-# the old names stay importable.
-OutboxChannel = OutboxChannelConfig
-SlackChannel = SlackChannelConfig
-WebhookChannel = WebhookChannelConfig
 
 
 def channel_allows(channel: ChannelConfig, conversation_id: str) -> bool:

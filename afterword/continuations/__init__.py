@@ -14,7 +14,6 @@ from .errors import (
     NotFound,
     RequestTooLarge,
     SnapshotError,
-    TooLarge,
     Unauthorized,
 )
 from .model import (
@@ -63,6 +62,5 @@ __all__ = [
     "SnapshotError",
     "State",
     "Tombstone",
-    "TooLarge",
     "Unauthorized",
 ]

@@ -74,10 +74,6 @@ class RequestTooLarge(ContinuationError, CallerError):
     code = "too_large"
 
 
-# Every "too large" error is named ``<what>TooLarge``; the old name stays importable.
-TooLarge = RequestTooLarge
-
-
 class AdmissionLimit(ContinuationError, CallerError):
     """Too many active continuations globally or for one origin."""
 

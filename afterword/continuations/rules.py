@@ -8,8 +8,8 @@ from datetime import UTC, date, datetime
 
 import msgspec
 
-from ..protocol.jcs import NotCanonical, canonical_json
 from .errors import InvalidRequest, RequestTooLarge
+from .jcs import NotCanonical, canonical_json
 
 MAX_DEADLINE_MS = 30 * 24 * 3600 * 1000
 MAX_RESULT_BODY = 256 * 1024

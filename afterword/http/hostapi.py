@@ -15,7 +15,7 @@ from quart.wrappers import Request
 
 from ..app.hostruns import OpenRunsLimit, host_runs
 from ..blobs import BlobQuotaExceeded, BlobTooLarge
-from ..continuations.errors import TooLarge
+from ..continuations.errors import RequestTooLarge
 from ..continuations.rules import MAX_CLAIM_BODY
 from ..protocol import paths
 from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
@@ -95,7 +95,7 @@ def add_host_routes(app: Quart, service: ContinuationService) -> None:
         try:
             run = await runs.finalize(runId, history)
         except (BlobQuotaExceeded, BlobTooLarge):
-            raise TooLarge("the origin snapshot does not fit the snapshot store's quota") from None
+            raise RequestTooLarge("the origin snapshot does not fit the snapshot store's quota") from None
         return json_response(runs.body(run))
 
     @app.post(paths.route(paths.HOST_ACTIVATE))

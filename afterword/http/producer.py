@@ -1,10 +1,8 @@
-"""The hot producer routes' work, written once for both front doors.
+"""The producer routes' work: claim, detached claim, result and status.
 
-Claim, detached claim, result and status are each a function of the service and an
-:class:`Incoming` request (a header lookup and a body reader). The Quart routes in ``app.py``
-and the raw ASGI fast path (``fastpath.py``) both call these, so the order of checks (the
-credential before any body byte is read), the size limits and the decoding cannot drift
-between them.
+Each is a function of the service and an :class:`Incoming` request (a header lookup and a
+body reader), called by the Quart routes in ``app.py``, so the order of checks (the
+credential before any body byte is read), the size limits and the decoding live in one place.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Serving the app with hypercorn on a pre-bound loopback socket.
+"""Serving the Quart app on a pre-bound loopback socket (hypercorn's HTTP/1.1 protocol).
 
-Binding the socket ourselves (and passing it to hypercorn as ``fd://``) means the port is
-listening before ``serve`` returns control, and a port already in use fails at once with a
-clear error instead of inside a background task.
+Binding the socket ourselves means the port is listening before ``serve`` returns control,
+and a port already in use fails at once with a clear error instead of inside a background
+task. Every route goes through one application: the Quart app behind the connection gate.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskGroup
@@ -18,9 +19,10 @@ from hypercorn.config import Config as HypercornConfig
 from ..app.service import ContinuationService
 from ..config.mcp import is_loopback_host
 from ..errors import AfterwordError
-from .app import MAX_REQUEST_HEAD
-from .fastpath import DEFAULT_ON, create_asgi_app, switch_on
-from .listener import AcceptLoop, connection_cap, serve_socket
+from .acceptor import AcceptLoop, connection_cap
+from .app import MAX_REQUEST_HEAD, create_app
+from .gate import ConnectionGate, Peer, Slot
+from .transport import serve_socket
 
 log = logging.getLogger("afterword.http")
 
@@ -46,10 +48,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def hypercorn_config(sock: socket.socket) -> HypercornConfig:
-    """hypercorn's settings for serving on the bound ``sock``."""
+def hypercorn_config() -> HypercornConfig:
+    """hypercorn's settings (those that apply to the protocol it runs on our socket)."""
     hc = HypercornConfig()
-    hc.bind = [f"fd://{sock.fileno()}"]
     hc.accesslog = None
     hc.errorlog = logging.getLogger("afterword.hypercorn")
     hc.graceful_timeout = 5.0
@@ -66,17 +67,12 @@ class HttpServer:
         self._stop = anyio.Event()
         self._done = anyio.Event()
         self._sock: socket.socket | None = None
-        self._fastpath = DEFAULT_ON
         self.acceptor: AcceptLoop | None = None
         """The accept loop while serving (its counters are the connection statistics)."""
 
     def bind(self) -> None:
         """Listen on the configured loopback port now (raises ``ServeError`` at once)."""
         if self._sock is None:
-            try:  # read here, outside any task group, so a bad value is a plain ServeError
-                self._fastpath = switch_on()
-            except ValueError as exc:
-                raise ServeError(str(exc)) from None
             cfg = self.service.config
             self._sock = _bind(cfg.host, cfg.port)
 
@@ -90,8 +86,8 @@ class HttpServer:
     async def start(self, tg: TaskGroup) -> None:
         self.bind()
         assert self._sock is not None
-        hc = hypercorn_config(self._sock)
-        app = create_asgi_app(self.service, fastpath=self._fastpath)
+        hc = hypercorn_config()
+        app = ConnectionGate(create_app(self.service), self._slot_of)  # type: ignore[arg-type]
         tg.start_soon(self._run, app, hc)
         log.info("serving on %s", self.service.base_url)
 
@@ -102,15 +98,20 @@ class HttpServer:
             if cap < self.service.config.limits.max_connections:
                 log.warning("serving at most %d connections (the descriptor limit allows no more)", cap)
 
-            def started(acceptor: AcceptLoop) -> None:
-                self.acceptor = acceptor
+            def acceptor(
+                accept: Callable[[], Awaitable[socket.socket]],
+                handle: Callable[[socket.socket], Awaitable[None]],
+            ) -> AcceptLoop:
+                self.acceptor = AcceptLoop(accept, handle, cap)
+                return self.acceptor
 
-            await serve_socket(
-                app, hc, self._sock, max_connections=cap, shutdown_trigger=self._stop.wait, on_start=started
-            )
+            await serve_socket(app, hc, self._sock, acceptor, shutdown_trigger=self._stop.wait)
         finally:
             self.unbind()
             self._done.set()
+
+    def _slot_of(self, peer: Peer) -> Slot | None:
+        return self.acceptor.slot_of(peer) if self.acceptor is not None else None
 
     async def stop(self) -> None:
         self._stop.set()

@@ -1,9 +1,6 @@
 """The request and answer rules of the HTTP API that need no web framework: the bearer
 credential, the body size checks, the typed JSON decode and every error's answer.
-
-Both front doors use them: the Quart app (through ``messages.py`` and its error handlers) and
-the raw ASGI fast path for the hot producer routes (``fastpath.py``), so the two answer
-byte for byte alike.
+The Quart app uses them through ``messages.py`` and its error handlers.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 from werkzeug.exceptions import HTTPException
 
-from ..continuations.errors import ContinuationError, InvalidRequest, TooLarge, Unauthorized
+from ..continuations.errors import ContinuationError, InvalidRequest, RequestTooLarge, Unauthorized
 from ..disk import DiskError, StorageFullError
 from ..protocol.wire import (
     ClaimRequest,
@@ -68,13 +65,13 @@ def bearer_token(authorization: str) -> str:
 def check_declared_length(length: int | None, limit: int) -> None:
     """Refuse a body whose Content-Length already says it is over ``limit`` (nothing read)."""
     if length is not None and length > limit:
-        raise TooLarge(f"request body exceeds {limit} bytes")
+        raise RequestTooLarge(f"request body exceeds {limit} bytes")
 
 
 def check_read_length(data: bytes, limit: int) -> bytes:
-    """``data``, or :class:`TooLarge` if the body that arrived (chunked, say) is over ``limit``."""
+    """``data``, or :class:`RequestTooLarge` if the body that arrived (chunked, say) is over ``limit``."""
     if len(data) > limit:
-        raise TooLarge(f"request body exceeds {limit} bytes")
+        raise RequestTooLarge(f"request body exceeds {limit} bytes")
     return data
 
 

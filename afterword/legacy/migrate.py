@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..app.repository import LIVE, TOMB, bounded_batches
 from ..config import Config
+from ..continuations.keyspace import LIVE, TOMB, bounded_batches
 from ..continuations.model import Continuation, encode
 from ..continuations.retention import plan_retention, retention_limits, tombstone_of
 from ..disk import StateRoot

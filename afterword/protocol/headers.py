@@ -11,6 +11,7 @@ configured value that uses a reserved name. A detached service names itself in
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 __all__ = [
     "RESERVED_ENV",
@@ -18,6 +19,8 @@ __all__ = [
     "SERVICE_NAME_HEADER",
     "sendable_header_name",
     "sendable_header_value",
+    "strip_reserved_env",
+    "strip_reserved_headers",
 ]
 
 # Order matters: claim URL, token, fingerprint, mode (the producer reads them in this order).
@@ -48,3 +51,13 @@ def sendable_header_name(name: str) -> bool:
 
 def sendable_header_value(value: str) -> bool:
     return _FIELD_VALUE.fullmatch(value) is not None
+
+
+def strip_reserved_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """``env`` without the reserved variables (any case), so configuration cannot set them."""
+    return {k: v for k, v in (env or {}).items() if k.upper() not in RESERVED_ENV}
+
+
+def strip_reserved_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` without the reserved names (any case), so configuration cannot set them."""
+    return {k: v for k, v in (headers or {}).items() if k.lower() not in RESERVED_HEADERS}

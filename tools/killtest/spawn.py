@@ -21,7 +21,7 @@ from typing import Any
 PRELOAD = [
     "afterword.cli",
     "afterword.cli.serve",
-    "afterword.app.runtime",
+    "afterword.runtime",
     "afterword.http.server",
     "afterword.worker",
 ]

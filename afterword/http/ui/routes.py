@@ -15,7 +15,7 @@ from quart import Blueprint, Response, redirect, render_template, request, url_f
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ...app.service import ContinuationService
-from ...continuations.errors import ContinuationError, Forbidden, InvalidRequest, NotFound, TooLarge
+from ...continuations.errors import ContinuationError, Forbidden, InvalidRequest, NotFound, RequestTooLarge
 from ...continuations.model import STATES
 from ...continuations.rules import format_ms
 from .activity import ActivityRing
@@ -209,11 +209,11 @@ def build_blueprint(service: ContinuationService, auth: UiAuth, ring: ActivityRi
 
     async def _form() -> Any:
         if (request.content_length or 0) > FORM_LIMIT:
-            raise TooLarge(f"a form may be at most {FORM_LIMIT} bytes")
+            raise RequestTooLarge(f"a form may be at most {FORM_LIMIT} bytes")
         try:
             return await request.form
         except RequestEntityTooLarge:  # a chunked body past the request's cap (see hostapi)
-            raise TooLarge(f"a form may be at most {FORM_LIMIT} bytes") from None
+            raise RequestTooLarge(f"a form may be at most {FORM_LIMIT} bytes") from None
 
     @bp.post("/c/<cid>/<verb>")
     async def act(cid: str, verb: str) -> Response:

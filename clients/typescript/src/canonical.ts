@@ -1,5 +1,5 @@
 // The payloadHash of a result: sha256 of the payload's RFC 8785 canonical JSON (the JSON
-// Canonicalization Scheme), the same rules as the server's afterword/protocol/jcs.py and the
+// Canonicalization Scheme), the same rules as the server's afterword/continuations/jcs.py and the
 // `afterword payload-hash` command (docs/payload-hash.md).
 import { createHash } from "node:crypto";
 
