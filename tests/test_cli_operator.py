@@ -210,7 +210,8 @@ def test_pagination_250_records(tmp_path: Path, hook: FakeWebhook) -> None:
         none = run_cli("continuations", "list", "--json", "--server", "nobody", config=config)
         assert json.loads(none.stdout) == {"items": [], "nextCursor": None}
         bad_state = run_cli("continuations", "list", "--state", "nonsense", config=config)
-        assert bad_state.returncode == 1 and "state must be one of" in bad_state.stderr
+        # Refused by argument parsing now (exit 2), before any request reaches the service.
+        assert bad_state.returncode == 2 and "invalid choice: 'nonsense'" in bad_state.stderr
 
 
 def cursor_forged() -> str:
