@@ -124,3 +124,20 @@ def test_doctor_checks_a_backup_directory_and_reads_beside_a_running_owner(
     (state / "wal").rename(tmp_path / "wal-gone")
     done = _cli(capsys, "continuations", "doctor", "--state-dir", str(state))
     assert done.returncode == 2 and "segment_missing" in done.stdout, done.stdout
+
+
+def test_doctor_on_a_state_dir_below_a_regular_file_names_it_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("not a directory\n")
+    below = tmp_path / "file" / "state"
+    assert main(["continuations", "doctor", "--state-dir", str(below)]) == 2
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
+    assert "not_directory" in out.out and "regular file" in out.out
+    # Opening it for writing refuses the same way instead of raising NotADirectoryError.
+    from afterword.disk import UnsafeStateError
+
+    with pytest.raises(UnsafeStateError) as refused:
+        RecordStore.open(str(below))
+    assert refused.value.rule == "not_directory"

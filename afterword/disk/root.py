@@ -101,12 +101,18 @@ class CheckedRoot:
             os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
             self.disk.mkdir(self.root, DIR_MODE)
             self._durable(parent, "fsync_dir", self.disk.fsync_dir, parent)
+        except NotADirectoryError:
+            pass  # a file in the path above: _check_root names it
 
     def _check_root(self) -> None:
         try:
             st = self.disk.lstat(self.root)
         except FileNotFoundError:
             raise UnsafeStateError(self.root, "missing") from None
+        except NotADirectoryError:
+            raise UnsafeStateError(
+                self.root, "not_directory", "a component of the path above it is a regular file"
+            ) from None
         if stat.S_ISLNK(st.st_mode):
             raise UnsafeStateError(self.root, "symlink")
         if stat.S_ISREG(st.st_mode):
