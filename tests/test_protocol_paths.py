@@ -11,13 +11,19 @@ import afterword
 from afterword.http.operations import OPERATIONS
 from afterword.protocol import paths
 
-TEMPLATES = {name: getattr(paths, name) for name in paths.__all__ if name.isupper()}
+TEMPLATES = {name: getattr(paths, name) for name in paths.__all__ if name.isupper() and name != "OPERATOR_PREFIX"}
 # A path of somebody else's API that a client of ours calls (Anthropic's Messages API).
 FOREIGN = {("worker/synth.py", "/v1/messages")}
 
 
 def test_the_templates_are_exactly_the_documented_operations() -> None:
     assert set(TEMPLATES.values()) == {op.path for op in OPERATIONS}
+
+
+def test_the_operator_prefix_covers_exactly_the_operator_capability_routes() -> None:
+    # The transport keeps reserved connection slots for paths under this prefix (http/gate.py).
+    operator = {op.path for op in OPERATIONS if op.path.startswith(paths.OPERATOR_PREFIX)}
+    assert operator == {t for name, t in TEMPLATES.items() if "/operator/" in t} and len(operator) >= 8
 
 
 def test_no_other_module_spells_a_v1_path() -> None:

@@ -35,7 +35,6 @@ Peer = tuple[str, int]
 PUBLIC_PATHS = frozenset({paths.LIVEZ, paths.OPENAPI})
 """Routes that answer without a credential: a request there proves nothing."""
 PROBE_PATHS = frozenset({paths.LIVEZ})
-OPERATOR_PREFIX = "/v1/operator/"
 ACCEPTED_ERRORS = frozenset({409, 413})
 """Error statuses a route answers only after it accepted the credential (the state or the
 body was wrong, not the caller)."""
@@ -75,7 +74,7 @@ def credential_accepted(path: str, headers: list[tuple[bytes, bytes]], status: i
 
 
 def reserved_may_ask(path: str) -> bool:
-    return path in PROBE_PATHS or path.startswith(OPERATOR_PREFIX)
+    return path in PROBE_PATHS or path.startswith(paths.OPERATOR_PREFIX)
 
 
 class ConnectionGate:

@@ -33,6 +33,7 @@ __all__ = [
     "LIVEZ",
     "METRICS",
     "OPENAPI",
+    "OPERATOR_PREFIX",
     "RESOLVE",
     "RESULT",
     "RETRY",
@@ -53,6 +54,7 @@ STATUS = "/v1/continuations/{cid}"
 RESULT = "/v1/continuations/{cid}/result"
 
 # Operator routes: the operator capability opens them (metrics also takes the metrics one).
+OPERATOR_PREFIX = "/v1/operator/"  # every route below starts with it (the transport reserves slots by it)
 LIST = "/v1/operator/continuations"
 SHOW = "/v1/operator/continuations/{cid}"
 RETRY = "/v1/operator/continuations/{cid}/retry"
