@@ -11,7 +11,10 @@ synthesizer accept, refuse, fail, time out or crash mid-post. After every step:
   captured, suppressed, silent, dead-lettered, unknown) or waits on a cause an operator sees;
 - I4: health is a function of the records alone (an independent recount agrees);
 - I5: no transaction the service writes exceeds the store's limits (the store's commit hook);
-- I0: no public surface answers with an internal error while the process is alive.
+- I0: no public surface answers with an internal error while the process is alive;
+- I6: an operator verb sent while a post is in flight either is refused with a 409 naming why
+  or keeps the promise: a receipt the channel confirmed is on the record, and a crash in
+  between still ends in ``delivery_unknown`` (I1 catches any repost).
 
 CI runs a fixed seed and a few random examples (well under a minute). For a long run set
 ``AFTERWORD_STATEFUL_SECONDS`` (keep generating for that long) or
@@ -39,6 +42,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
+from afterword.continuations.actions import next_action
 from afterword.continuations.errors import ContinuationError, ServiceDisabled
 from afterword.continuations.rules import MAX_RESULT_BODY, format_ms
 
@@ -71,6 +75,16 @@ RULES: Counter[str] = Counter()
 logging.getLogger("afterword").setLevel(logging.CRITICAL)  # crashes log by design; keep CI quiet
 
 picks = st.integers(0, 1 << 16)
+# The operator verbs a race sends while a post is in flight: (path verb, body).
+RACE_VERBS: dict[str, tuple[str, dict[str, Any]]] = {
+    "cancel": ("cancel", {}),
+    "retry": ("retry", {}),
+    "retry-unsafe": ("retry", {"allowUnknown": True}),
+    "resolve-delivered": ("resolve", {"kind": "delivered", "deliveryId": "verified-elsewhere"}),
+    "resolve-not-delivered": ("resolve", {"kind": "not_delivered"}),
+    "resolve-dead-lettered": ("resolve", {"kind": "dead_lettered"}),
+    "acknowledge": ("acknowledge", {}),
+}
 
 
 def step(fn: F) -> F:
@@ -566,6 +580,33 @@ class ServiceMachine(RuleBasedStateMachine):
         response = self.w.operator("resolve", task.cid, body)
         if response.status_code == 200 and (before is None or before.state != "delivery_unknown"):
             raise Violation(f"resolve {kind} accepted in state {before and before.state}")
+
+    @precondition(lambda self: bool(self.w.tasks))
+    @rule(
+        pick=picks,
+        verb=st.sampled_from(tuple(RACE_VERBS)),
+        outcome=st.sampled_from(
+            ("accept", "accept", "refuse", "transient", "unconfirmed", "crash", "crash_at_verb")
+        ),
+    )
+    @step
+    def race_operator(self, pick: int, verb: str, outcome: str) -> None:
+        """An operator verb while a delivery is in flight on the scripted channel (issue 28):
+        the post is held until the verb answered, then ends as ``outcome`` (I6)."""
+        task = self.task(pick, self.in_state("result_received", "ready_to_deliver", "delivery_retry"))
+        if task is None:
+            return
+        rec = self.w.service.repo.get(task.cid)
+        if rec is None:
+            return
+        action = next_action(rec, self.w.now_ms)
+        if action.kind == "wait" and action.at_ms is not None and rec.state == "delivery_retry":
+            self.w.now_ms = action.at_ms  # make the scheduled retry due now
+            action = next_action(rec, self.w.now_ms)
+        if action.kind not in ("synthesize", "deliver"):
+            return  # held, deferred, or needing the unsafe opt-in: nothing would post
+        name, body = RACE_VERBS[verb]
+        self.w.race(task, name, body, outcome)
 
     @rule(limit=st.integers(1, 7))
     @step
