@@ -235,8 +235,10 @@ def add_continuations_parser(sub: Any) -> None:
         description="One row per continuation, oldest first. OUTCOME says how a finished one "
         "ended (posted, captured, suppressed, silent, resolved; 'fallback' when the fixed "
         "origin-unavailable answer was used); a delivery_retry is either scheduled (next TIME) "
-        "or held for an operator retry. ATTEMPTS is synthesis/delivery, counted across "
-        "operator retries.",
+        "or held for an operator retry, and '(posting)' marks a delivery attempt in flight. "
+        "ORIGIN is the origin context; COMPACTED says retention compacted the finished record "
+        "(payload and answer dropped, outcome kept). ATTEMPTS is synthesis/delivery, counted "
+        "across operator retries.",
     )
     common(ls)
     ls.add_argument(
