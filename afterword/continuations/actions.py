@@ -59,8 +59,10 @@ def next_action(rec: Continuation, now_ms: int) -> Action:
     that decide whether an operator verb may act: a post in flight is left alone, a deferred
     result waits for its origin, a held retry for an operator, and an unproven post is held
     instead of posted unless the operator opted in."""
+    if rec.state in TERMINAL or rec.state == "synthesizing":
+        return NONE  # before the flags: most records of a large set are finished
     carried = flags(rec)
-    if rec.state in TERMINAL or rec.state == "synthesizing" or "in_flight" in carried:
+    if "in_flight" in carried:
         return NONE
     if rec.state == "claimed":
         # A result is still accepted at the deadline itself; it expires one ms after.

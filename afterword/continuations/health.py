@@ -102,7 +102,7 @@ def attention(rec: Continuation | Tombstone) -> str | None:
     if rec.state == "delivery_unknown":
         return "delivery_unknown"
     if isinstance(rec, Continuation) and rec.state in ACTIVE:
-        if "held" in flags(rec):
+        if rec.state == "delivery_retry" and "held" in flags(rec):
             return "held"
         return "pending"
     if rec.acknowledged_at_ms is not None:
