@@ -356,13 +356,19 @@ class ServiceMachine(RuleBasedStateMachine):
     )
     @step
     def detached_round(self, route: str, size: str, actionable: bool) -> None:
+        self.detached(route, size, actionable)
+
+    def detached(self, route: str, size: str, actionable: bool) -> Task | None:
+        """A detached claim on ``route`` and its result; the new task, or None if refused."""
         self.keys += 1
         body = {"route": route, "taskKey": f"d-{self.keys}", "taskHash": "h", "deadline": self.deadline(2)}
         url = f"{self.w.config.base_url}/v1/continuations/detached/claim"
         response = self.w.http.post(url, headers=self.w.detached_headers(), json=body)
-        if response.status_code == 200:
-            self.learn(response.json(), "detached", self.w.config.named_routes[route].mode, None)
-            self.submit_to(self.w.tasks[-1], size, 1 + self.keys % 3, actionable)
+        if response.status_code != 200:
+            return None
+        self.learn(response.json(), "detached", self.w.config.named_routes[route].mode, None)
+        self.submit_to(self.w.tasks[-1], size, 1 + self.keys % 3, actionable)
+        return self.w.tasks[-1]
 
     def submit_to(self, task: Task, size: str, chunks: int, actionable: bool) -> None:
         data = result_body(task, size, chunks, actionable, "first")
@@ -581,7 +587,6 @@ class ServiceMachine(RuleBasedStateMachine):
         if response.status_code == 200 and (before is None or before.state != "delivery_unknown"):
             raise Violation(f"resolve {kind} accepted in state {before and before.state}")
 
-    @precondition(lambda self: bool(self.w.tasks))
     @rule(
         pick=picks,
         verb=st.sampled_from(tuple(RACE_VERBS)),
@@ -592,21 +597,27 @@ class ServiceMachine(RuleBasedStateMachine):
     @step
     def race_operator(self, pick: int, verb: str, outcome: str) -> None:
         """An operator verb while a delivery is in flight on the scripted channel (issue 28):
-        the post is held until the verb answered, then ends as ``outcome`` (I6)."""
+        the post is held until the verb answered, then ends as ``outcome`` (I6). The record is
+        a due one the model knows (even picks), or a fresh answer on the posting route."""
         task = self.task(pick, self.in_state("result_received", "ready_to_deliver", "delivery_retry"))
-        if task is None:
-            return
-        rec = self.w.service.repo.get(task.cid)
-        if rec is None:
-            return
-        action = next_action(rec, self.w.now_ms)
-        if action.kind == "wait" and action.at_ms is not None and rec.state == "delivery_retry":
-            self.w.now_ms = action.at_ms  # make the scheduled retry due now
-            action = next_action(rec, self.w.now_ms)
-        if action.kind not in ("synthesize", "deliver"):
-            return  # held, deferred, or needing the unsafe opt-in: nothing would post
+        if task is None or pick % 2 or not self.due(task):
+            task = self.detached("daily-attention", "small", True)
+        if task is None or not self.due(task):
+            return  # nothing would post (a revoked route, a crash, the admission limit)
         name, body = RACE_VERBS[verb]
         self.w.race(task, name, body, outcome)
+
+    def due(self, task: Task) -> bool:
+        """Whether the worker would synthesize or deliver ``task`` now (a scheduled retry is
+        made due by moving the clock to it)."""
+        rec = self.w.service.repo.get(task.cid)
+        if rec is None:
+            return False
+        action = next_action(rec, self.w.now_ms)
+        if action.kind == "wait" and action.at_ms is not None and rec.state == "delivery_retry":
+            self.w.now_ms = action.at_ms
+            action = next_action(rec, self.w.now_ms)
+        return action.kind in ("synthesize", "deliver")
 
     @rule(limit=st.integers(1, 7))
     @step
