@@ -277,3 +277,20 @@ async def test_a_receipt_arriving_after_the_record_ended_is_kept(tmp_path: Path)
     assert rec is not None and rec.state == "dead_lettered"
     assert rec.receipt is not None and rec.receipt.delivery_ids == ("wh-late",)
     assert rec.last_error is not None and rec.last_error.code == "late_receipt"
+
+
+def test_health_offers_a_partial_answer_only_the_verdicts_it_accepts() -> None:
+    """Found by the stateful race test: health offered `not-delivered` for a partly delivered
+    answer, which the verb then refused (its chunk receipts contradict it)."""
+    from afterword.continuations.health import assess
+
+    partial = lc.delivery_unknown(
+        lc.record_chunk(lc.begin_delivery(ready(), NOW), "d0", NOW), "partial_delivery", "1 chunk", NOW
+    )
+    whole = lc.delivery_unknown(lc.begin_delivery(ready(), NOW), "delivery_timeout", "no answer", NOW)
+    whole = msgspec.structs.replace(whole, claim=msgspec.structs.replace(whole.claim, id="c_whole"))
+    (cause,) = assess([partial, whole], []).causes
+    by_id = dict(zip(cause.ids, cause.commands, strict=True))
+    assert by_id[partial.id].endswith(" <delivered DELIVERY_ID|dead-lettered>")
+    assert by_id["c_whole"].endswith(" <delivered DELIVERY_ID|not-delivered|dead-lettered>")
+    assert lc.resolve(partial, "dead_lettered", None, NOW).state == "dead_lettered"

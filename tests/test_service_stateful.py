@@ -534,7 +534,10 @@ class ServiceMachine(RuleBasedStateMachine):
         verb, unsafe = words[2], "--allow-unknown" in words
         body: dict[str, Any] = {}
         if verb == "resolve":
-            kind = ("delivered", "not_delivered", "dead_lettered")[pick % 3]
+            # One of the verdicts the command offers (a partly delivered answer is not offered
+            # not-delivered: its chunk receipts contradict it).
+            offered = command.rsplit("<", 1)[1].rstrip(">").split("|")
+            kind = offered[pick % len(offered)].split()[0].replace("-", "_")
             body = {"kind": kind, **({"deliveryId": "verified-elsewhere"} if kind == "delivered" else {})}
         elif verb == "retry" and unsafe:
             body = {"allowUnknown": True}

@@ -106,7 +106,7 @@ def print_detail(detail: DetailBody) -> None:
         (
             "compacted",
             "yes: retention dropped its payload and answer; the outcome, receipt and history remain, "
-            "and no verb can act on it any more"
+            "and retry, cancel and resolve no longer apply"
             if st.compacted
             else "no",
         )

@@ -146,15 +146,27 @@ def dead_letter_command(rec: Continuation | Tombstone | TombstoneSummary) -> str
     return "acknowledge"
 
 
+# The verdicts a partly delivered answer can still get: some chunks have channel receipts, so
+# "not delivered" would contradict them (transitions.OPERATOR_REFUSALS).
+PARTIAL_RESOLVE_TAIL = " <delivered DELIVERY_ID|dead-lettered>"
+
+
 def clearing_command(
-    code: str, cid: str, config_path: str | None = None, *, unsafe: bool = False, verb: str | None = None
+    code: str,
+    cid: str,
+    config_path: str | None = None,
+    *,
+    unsafe: bool = False,
+    verb: str | None = None,
+    tail: str | None = None,
 ) -> str:
     """``unsafe``: a held record whose earlier post was never proven can be posted only with
     the explicit opt-in the operator already chose by resolving it as not delivered. ``verb``
     overrides the cause's verb (a dead letter that cannot be retried is acknowledged)."""
-    _, default_verb, tail, _ = CAUSES[code]
+    _, default_verb, default_tail, _ = CAUSES[code]
     verb = verb or default_verb
-    tail = tail if verb == default_verb else ""
+    if tail is None:
+        tail = default_tail if verb == default_verb else ""
     config = f" --config {shlex.quote(config_path)}" if config_path else ""
     opt_in = " --allow-unknown" if unsafe else ""
     return f"afterword continuations {verb}{config} {shlex.quote(cid)}{opt_in}{tail}"
@@ -204,6 +216,9 @@ def assess(
                     config_path,
                     unsafe=code == "held" and isinstance(r, Continuation) and r.post_unproven,
                     verb=verb,
+                    tail=PARTIAL_RESOLVE_TAIL
+                    if code == "delivery_unknown" and isinstance(r, Continuation) and r.chunk_receipts
+                    else None,
                 )
                 for r, verb in zip(listed, verbs, strict=True)
             )
