@@ -69,6 +69,8 @@ class Stats:
     largest_transaction: int = 0
     operator_calls: int = 0
     unsafe_retries: int = 0
+    races: int = 0  # operator verbs sent while a post was held in flight
+    race_refusals: int = 0  # of those, refused with 409 naming why
     ends: Counter[str] = field(default_factory=Counter)  # how accepted results ended
 
     def add(self, other: Stats) -> None:
@@ -292,6 +294,63 @@ class World:
 
     def run_worker(self, ids: list[str] | None = None) -> list[str]:
         return self.call(self.worker.run_due, self.order() if ids is None else ids) or []
+
+    def race(self, task: Task, verb: str, body: dict[str, Any], outcome: str) -> None:
+        """Run ``task``'s delivery with its first post held in flight, send the operator
+        ``verb`` meanwhile, then let the post end as ``outcome``: the channel's answer
+        (``accept``, ``refuse``, ``transient``, ``unconfirmed``), or ``crash`` (the process dies
+        after the verb, with the post answered 200), or ``crash_at_verb`` (the next commit, the
+        verb's own if it makes one, kills the process). Checks I6: a post the channel confirmed
+        to a live process is recorded on the record, whatever the verb did."""
+        channel = self.channel
+        channel.arrived.clear()
+        channel.hold_next = "accept" if outcome.startswith("crash") else outcome
+        future = self.portal.start_task_soon(self.worker.run_due, [task.cid])
+        while not channel.arrived.wait(0.005):
+            if future.done():  # it posted nothing (capture, silent, a revoked route, a failure)
+                channel.hold_next = None
+                self._join(future)
+                return
+        held = self.service.repo.get(task.cid)
+        in_flight = held is not None and held.delivery_in_flight
+        self.stats.races += 1
+        if outcome == "crash_at_verb":
+            self.switch.countdown = 1
+        response = self.operator(verb, task.cid, body)
+        if outcome == "crash":
+            self.switch.trip()  # the step's after_step reopens it as a crash
+        self.portal.call(channel.release)
+        self._join(future)
+        if response.status_code == 409 and in_flight:
+            self.stats.race_refusals += 1
+            if "in flight" not in response.json()["error"]["message"]:
+                raise Violation(
+                    f"I6: {verb} refused during a post in flight without saying why: {response.text}"
+                )
+        if response.status_code == 200 and verb == "retry" and body.get("allowUnknown"):
+            task.epoch += 1
+            self.stats.unsafe_retries += 1
+        receipt = channel.held_receipt
+        if receipt is None or self.switch.dead:
+            return  # nothing confirmed, or the process died: recovery and I1 judge it
+        rec = self.record(task.cid)
+        kept = rec is not None and (
+            (rec.receipt is not None and receipt in rec.receipt.delivery_ids)
+            or (isinstance(rec, Continuation) and receipt in rec.chunk_receipts)
+        )
+        if not kept:
+            state = rec.state if rec is not None else "removed"
+            raise Violation(
+                f"I6: the channel confirmed {receipt} for {task.cid} during {verb} "
+                f"(answered {response.status_code}), but the record ({state}) does not hold it"
+            )
+
+    def _join(self, future: Any) -> None:
+        try:
+            future.result(timeout=60)
+        except Exception as exc:
+            if not self.switch.dead:
+                raise Violation(f"I0: the worker failed during a race: {exc!r}") from exc
 
     def quiesce(self) -> None:
         """Let the worker run everything it may, moving the clock to each scheduled retry."""

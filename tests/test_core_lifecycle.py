@@ -339,7 +339,6 @@ def test_retry_delivery_resets_delivery_attempts() -> None:
         completion_kind="synthesized",
         attempts=Attempts(synthesis=1, delivery=MAX_DELIVERY_ATTEMPTS),
         receipt=RECEIPT,
-        chunk_receipts=("d1",),
         last_error=ErrorInfo(code="retries_exhausted", message="x"),
     )
     new = lc.retry(rec, allow_unknown=False, now_ms=NOW)
@@ -365,7 +364,7 @@ def test_retry_of_tampered_binding_is_refused() -> None:
 
 
 def test_retry_of_unknown_delivery_needs_explicit_opt_in() -> None:
-    rec = record("delivery_unknown", chunk_receipts=("d1",))
+    rec = record("delivery_unknown")
     with pytest.raises(Conflict) as info:
         lc.retry(rec, allow_unknown=False, now_ms=NOW)
     assert not isinstance(info.value, InvalidTransition)
@@ -388,11 +387,14 @@ def test_resolve_verdicts() -> None:
     assert done.receipt.kind == "operator" and done.receipt.delivery_ids == ("d1", "d2")
     again = lc.resolve(unknown, "delivered", "d1", NOW)
     assert again.receipt is not None and again.receipt.delivery_ids == ("d1",)
-    held = lc.resolve(unknown, "not_delivered", None, NOW)
+    with pytest.raises(Conflict, match="chunk"):  # a receipt contradicts "not delivered"
+        lc.resolve(unknown, "not_delivered", None, NOW)
+    held = lc.resolve(msgspec.structs.replace(unknown, chunk_receipts=()), "not_delivered", None, NOW)
     assert held.state == "delivery_retry" and held.next_attempt_at_ms is None  # waits for an operator
     assert held.chunk_receipts == () and held.terminal_at_ms is None
     dead = lc.resolve(unknown, "dead_lettered", None, NOW)
     assert dead.state == "dead_lettered" and dead.terminal_at_ms == NOW
+    assert dead.chunk_receipts == ("d1",)  # proof of the posted part is kept
 
 
 # -- backoff ---------------------------------------------------------------------------------

@@ -396,6 +396,14 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         other = run2["claims"][0]["continuationId"] if run2["claims"] else None
         other = other or (await api.get("/runs/run-2")).json()["claims"][0]["continuationId"]
         await s.send("post", f"{hc}/{other}/cancel", 200, headers=host)
+        # Compacted by retention: the verbs answer 410 compacted (show still has it).
+        await force("expired")
+        await h.service.apply_retention()
+        assert h.service.repo.get(cid) is None and h.service.repo.tombstone(cid) is not None
+        for verb in ("retry", "cancel", "resolve"):
+            body = {"kind": "not_delivered"} if verb == "resolve" else {}
+            r = await s.send("post", f"{hc}/{cid}/{verb}", 410, json=body, headers=host)
+            assert r.json()["error"]["code"] == "compacted"
 
         documented = {(o.method, o.path, st) for o in HOST_OPERATIONS for st in (200, *o.errors)}
         assert documented <= s.pairs, sorted(documented - s.pairs)

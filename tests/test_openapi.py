@@ -236,6 +236,16 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
             json={"kind": "not_delivered"},
         )
         await s.send("post", f"/v1/operator/continuations/{c2}/cancel", 200, headers=op)
+        # A record retention compacted: every verb that needs it live answers 410 compacted.
+        await force(
+            cid, lambda r: msgspec.structs.replace(r, state="expired", terminal_at_ms=r.updated_at_ms)
+        )
+        await h.service.apply_retention()
+        assert h.service.repo.get(cid) is None and h.service.repo.get(c2) is None
+        for verb in ("retry", "cancel", "resolve"):
+            extra = {"json": {"kind": "not_delivered"}} if verb == "resolve" else {}
+            answer = await s.send("post", f"/v1/operator/continuations/{cid}/{verb}", 410, headers=op, **extra)
+            assert answer.json()["error"]["code"] == "compacted"
         for method in ("put", "post"):
             await s.send(
                 method,

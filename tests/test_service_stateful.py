@@ -11,7 +11,10 @@ synthesizer accept, refuse, fail, time out or crash mid-post. After every step:
   captured, suppressed, silent, dead-lettered, unknown) or waits on a cause an operator sees;
 - I4: health is a function of the records alone (an independent recount agrees);
 - I5: no transaction the service writes exceeds the store's limits (the store's commit hook);
-- I0: no public surface answers with an internal error while the process is alive.
+- I0: no public surface answers with an internal error while the process is alive;
+- I6: an operator verb sent while a post is in flight either is refused with a 409 naming why
+  or keeps the promise: a receipt the channel confirmed is on the record, and a crash in
+  between still ends in ``delivery_unknown`` (I1 catches any repost).
 
 CI runs a fixed seed and a few random examples (well under a minute). For a long run set
 ``AFTERWORD_STATEFUL_SECONDS`` (keep generating for that long) or
@@ -39,6 +42,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
+from afterword.continuations.actions import next_action
 from afterword.continuations.errors import ContinuationError, ServiceDisabled
 from afterword.continuations.rules import MAX_RESULT_BODY, format_ms
 
@@ -71,6 +75,16 @@ RULES: Counter[str] = Counter()
 logging.getLogger("afterword").setLevel(logging.CRITICAL)  # crashes log by design; keep CI quiet
 
 picks = st.integers(0, 1 << 16)
+# The operator verbs a race sends while a post is in flight: (path verb, body).
+RACE_VERBS: dict[str, tuple[str, dict[str, Any]]] = {
+    "cancel": ("cancel", {}),
+    "retry": ("retry", {}),
+    "retry-unsafe": ("retry", {"allowUnknown": True}),
+    "resolve-delivered": ("resolve", {"kind": "delivered", "deliveryId": "verified-elsewhere"}),
+    "resolve-not-delivered": ("resolve", {"kind": "not_delivered"}),
+    "resolve-dead-lettered": ("resolve", {"kind": "dead_lettered"}),
+    "acknowledge": ("acknowledge", {}),
+}
 
 
 def step(fn: F) -> F:
@@ -342,13 +356,19 @@ class ServiceMachine(RuleBasedStateMachine):
     )
     @step
     def detached_round(self, route: str, size: str, actionable: bool) -> None:
+        self.detached(route, size, actionable)
+
+    def detached(self, route: str, size: str, actionable: bool) -> Task | None:
+        """A detached claim on ``route`` and its result; the new task, or None if refused."""
         self.keys += 1
         body = {"route": route, "taskKey": f"d-{self.keys}", "taskHash": "h", "deadline": self.deadline(2)}
         url = f"{self.w.config.base_url}/v1/continuations/detached/claim"
         response = self.w.http.post(url, headers=self.w.detached_headers(), json=body)
-        if response.status_code == 200:
-            self.learn(response.json(), "detached", self.w.config.named_routes[route].mode, None)
-            self.submit_to(self.w.tasks[-1], size, 1 + self.keys % 3, actionable)
+        if response.status_code != 200:
+            return None
+        self.learn(response.json(), "detached", self.w.config.named_routes[route].mode, None)
+        self.submit_to(self.w.tasks[-1], size, 1 + self.keys % 3, actionable)
+        return self.w.tasks[-1]
 
     def submit_to(self, task: Task, size: str, chunks: int, actionable: bool) -> None:
         data = result_body(task, size, chunks, actionable, "first")
@@ -514,7 +534,10 @@ class ServiceMachine(RuleBasedStateMachine):
         verb, unsafe = words[2], "--allow-unknown" in words
         body: dict[str, Any] = {}
         if verb == "resolve":
-            kind = ("delivered", "not_delivered", "dead_lettered")[pick % 3]
+            # One of the verdicts the command offers (a partly delivered answer is not offered
+            # not-delivered: its chunk receipts contradict it).
+            offered = command.rsplit("<", 1)[1].rstrip(">").split("|")
+            kind = offered[pick % len(offered)].split()[0].replace("-", "_")
             body = {"kind": kind, **({"deliveryId": "verified-elsewhere"} if kind == "delivered" else {})}
         elif verb == "retry" and unsafe:
             body = {"allowUnknown": True}
@@ -566,6 +589,38 @@ class ServiceMachine(RuleBasedStateMachine):
         response = self.w.operator("resolve", task.cid, body)
         if response.status_code == 200 and (before is None or before.state != "delivery_unknown"):
             raise Violation(f"resolve {kind} accepted in state {before and before.state}")
+
+    @rule(
+        pick=picks,
+        verb=st.sampled_from(tuple(RACE_VERBS)),
+        outcome=st.sampled_from(
+            ("accept", "accept", "refuse", "transient", "unconfirmed", "crash", "crash_at_verb")
+        ),
+    )
+    @step
+    def race_operator(self, pick: int, verb: str, outcome: str) -> None:
+        """An operator verb while a delivery is in flight on the scripted channel (issue 28):
+        the post is held until the verb answered, then ends as ``outcome`` (I6). The record is
+        a due one the model knows (even picks), or a fresh answer on the posting route."""
+        task = self.task(pick, self.in_state("result_received", "ready_to_deliver", "delivery_retry"))
+        if task is None or pick % 2 or not self.due(task):
+            task = self.detached("daily-attention", "small", True)
+        if task is None or not self.due(task):
+            return  # nothing would post (a revoked route, a crash, the admission limit)
+        name, body = RACE_VERBS[verb]
+        self.w.race(task, name, body, outcome)
+
+    def due(self, task: Task) -> bool:
+        """Whether the worker would synthesize or deliver ``task`` now (a scheduled retry is
+        made due by moving the clock to it)."""
+        rec = self.w.service.repo.get(task.cid)
+        if rec is None:
+            return False
+        action = next_action(rec, self.w.now_ms)
+        if action.kind == "wait" and action.at_ms is not None and rec.state == "delivery_retry":
+            self.w.now_ms = action.at_ms
+            action = next_action(rec, self.w.now_ms)
+        return action.kind in ("synthesize", "deliver")
 
     @rule(limit=st.integers(1, 7))
     @step

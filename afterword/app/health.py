@@ -78,6 +78,9 @@ class Health:
                     message=c.message,
                     ids=list(c.ids),
                     commands=list(c.commands),
+                    inspect=list(c.inspect),
+                    alternatives=list(c.alternatives),
+                    alternative_note=c.alternative_note,
                 )
                 for c in report.causes
             ],

@@ -13,13 +13,13 @@ from typing import Any, Literal
 
 from ..config import Config
 from ..continuations import lifecycle
-from ..continuations.errors import Conflict, InvalidRequest, NotFound
+from ..continuations.errors import Compacted, InvalidRequest, NotFound
 from ..continuations.model import STATES, Continuation, Tombstone, TombstoneSummary, encode
 from ..protocol.views import detail_body, list_item, status_body
 from ..protocol.wire import DetailBody, ListResponse, StatusBody
 from ..store import Put
 from .ledger import Ledger
-from .ports import HistoryRecorder
+from .ports import HistoryRecorder, Transition
 from .repository import TOMB
 
 log = logging.getLogger("afterword.service")
@@ -133,10 +133,23 @@ class Operator:
             return None
         return rec.text
 
+    async def _live_transition(self, cid: str, done: str, fn: Transition) -> Continuation:
+        """Apply an operator verb to the live record ``cid``. A record retention compacted
+        (before the call or while it waited for the record's lock) is refused as compacted,
+        not as unknown: ``show`` still finds it."""
+        try:
+            rec, _ = await self.ledger.transition(cid, fn)
+        except NotFound:
+            tomb = self.repo.tombstone(cid)
+            if tomb is None:
+                raise
+            raise Compacted(cid, tomb.state, done) from None
+        return rec
+
     async def retry_continuation(self, cid: str, allow_unknown: bool = False) -> StatusBody:
         now = self.ledger.clock_ms()
-        rec, _ = await self.ledger.transition(
-            cid, lambda r: lifecycle.retry(r, allow_unknown=allow_unknown, now_ms=now)
+        rec = await self._live_transition(
+            cid, "retried", lambda r: lifecycle.retry(r, allow_unknown=allow_unknown, now_ms=now)
         )
         log.info("continuation %s retried by operator", cid)
         return status_body(rec)
@@ -145,9 +158,9 @@ class Operator:
         now = self.ledger.clock_ms()
         if self.repo.get(cid) is None and (tomb := self.repo.tombstone(cid)) is not None:
             if tomb.state == "cancelled":
-                return status_body(tomb)
-            raise Conflict(f"cancel is not allowed in state {tomb.state}")
-        rec, _ = await self.ledger.transition(cid, lambda r: lifecycle.cancel(r, now))
+                return status_body(tomb)  # idempotent, compacted or not
+            raise Compacted(cid, tomb.state, "cancelled")
+        rec = await self._live_transition(cid, "cancelled", lambda r: lifecycle.cancel(r, now))
         return status_body(rec)
 
     async def acknowledge_continuation(self, cid: str) -> StatusBody:
@@ -181,7 +194,9 @@ class Operator:
     ) -> StatusBody:
         res = as_resolution(resolution)
         now = self.ledger.clock_ms()
-        rec, _ = await self.ledger.transition(cid, lambda r: lifecycle.resolve(r, res.kind, res.delivery_id, now))
+        rec = await self._live_transition(
+            cid, "resolved", lambda r: lifecycle.resolve(r, res.kind, res.delivery_id, now)
+        )
         if res.kind == "delivered" and self.recorder is not None:
             # History-only commit: the operator verified the post; nothing is posted again.
             recorded, code = await self.recorder.record_history(rec)

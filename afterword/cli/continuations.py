@@ -16,7 +16,7 @@ from typing import Any
 from ..clients.operator import (
     OperatorError,
 )
-from ..continuations.health import SEVERITY
+from ..continuations.health import ACKNOWLEDGE_GIVES_UP, SEVERITY, acknowledge_consequence
 from ..continuations.model import STATES
 from .common import (
     CONFIG_HELP,
@@ -152,9 +152,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_acknowledge(args: argparse.Namespace) -> int:
     _, client = operator_client(args)
     try:
-        _show_status(client.acknowledge(args.id), args)
+        status = client.acknowledge(args.id)
     finally:
         client.close()
+    if args.json:
+        print_json(status)
+        return 0
+    error = f" ({status.last_error.code})" if status.last_error else ""
+    print(f"{status.continuation_id}: acknowledged {status.state}{error}")
+    print(f"  {acknowledge_consequence(status.state)}")
     return 0
 
 
@@ -202,6 +208,7 @@ def operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
         401: "the service rejected this state directory's capability: pass the --config the service runs with",
         404: "list the known ids with `afterword continuations list`",
         409: f"see its state and history with `afterword continuations show {shlex.quote(cid)}`" if cid else None,
+        410: f"its outcome and receipt: `afterword continuations show {shlex.quote(cid)}`" if cid else None,
     }
     hint = hints.get(exc.status)
     return f"{exc} ({exc.code})" + (f"; {hint}" if hint else "")
@@ -240,8 +247,10 @@ def add_continuations_parser(sub: Any) -> None:
         description="One row per continuation, oldest first. OUTCOME says how a finished one "
         "ended (posted, captured, suppressed, silent, resolved; 'fallback' when the fixed "
         "origin-unavailable answer was used); a delivery_retry is either scheduled (next TIME) "
-        "or held for an operator retry. ATTEMPTS is synthesis/delivery, counted across "
-        "operator retries.",
+        "or held for an operator retry, and '(posting)' marks a delivery attempt in flight. "
+        "ORIGIN is the origin context; COMPACTED says retention compacted the finished record "
+        "(payload and answer dropped, outcome kept). ATTEMPTS is synthesis/delivery, counted "
+        "across operator retries.",
     )
     common(ls)
     ls.add_argument(
@@ -277,7 +286,9 @@ def add_continuations_parser(sub: Any) -> None:
         help="retry a dead-lettered or held continuation",
         description="Schedule delivery (or synthesis, if no answer was written yet) of a "
         "dead-lettered or held continuation now. A delivery_unknown one is refused: check the "
-        "channel and `resolve` it instead.",
+        "channel and `resolve` it instead. Refused as well while a delivery attempt is in "
+        "flight (wait for its outcome) and when chunks of the answer already have receipts "
+        "(resolve it); a record retention compacted answers `compacted`.",
     )
     common(rt)
     rt.add_argument("id", metavar="ID", help=_ID_HELP)
@@ -293,7 +304,8 @@ def add_continuations_parser(sub: Any) -> None:
         "cancel",
         help="cancel an active continuation",
         description="Cancel work that has not finished. Repeating it on a cancelled item is a "
-        "no-op; other finished states are refused and kept.",
+        "no-op; other finished states are refused and kept. Refused while a delivery attempt "
+        "is in flight: the post may already have reached the channel, so wait for its outcome.",
     )
     common(cn)
     cn.add_argument("id", metavar="ID", help=_ID_HELP)
@@ -301,10 +313,14 @@ def add_continuations_parser(sub: Any) -> None:
 
     ak = csub.add_parser(
         "acknowledge",
-        help="acknowledge a dead letter, an expiry or a delivery missing from history (clears its health cause)",
+        help="give up on a dead letter, an expiry or a delivery missing from history (clears its "
+        "health cause; a dead letter can then no longer be retried)",
         description="Record that you have seen a dead-lettered or expired continuation, or a "
-        "delivery missing from history: it stops counting against health and becomes subject "
-        "to retention. Nothing is posted or retried.",
+        "delivery missing from history, and give it up: it stops counting against health and "
+        "becomes subject to retention. Nothing is posted or retried. For a dead letter, try "
+        "`show ID` and `retry ID` first: "
+        + ACKNOWLEDGE_GIVES_UP
+        + ", and any later verb on it answers `compacted`.",
     )
     common(ak)
     ak.add_argument("id", metavar="ID", help=_ID_HELP)

@@ -9,14 +9,20 @@ from ..protocol.wire import DetailBody, HealthBody, ListResponse
 
 def print_health(health: HealthBody) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(health.counts.items())) or "no continuations"
-    extra = (
-        f"; {health.history_unrecorded} delivered without history" if health.history_unrecorded else ""
-    )
+    extra = f"; {health.history_unrecorded} delivered without history" if health.history_unrecorded else ""
     print(f"{health.status}: {counts}{extra}")
     for cause in health.causes:
         print(f"  {cause.code} ({cause.status}): {cause.count} - {cause.message}")
-        for command in cause.commands:
+        for index, command in enumerate(cause.commands):
+            # Look first, then the step that keeps every option open; the one that gives the
+            # record up comes last, marked as such.
+            if index < len(cause.inspect):
+                print(f"    {cause.inspect[index]}")
             print(f"    {command}")
+            if index < len(cause.alternatives) and cause.alternatives[index]:
+                print(f"    or, to give it up: {cause.alternatives[index]}")
+        if cause.alternative_note and any(cause.alternatives):
+            print(f"    ({cause.alternative_note})")
         if cause.count > len(cause.ids):
             print(f"    ... and {cause.count - len(cause.ids)} more (afterword continuations list)")
 
@@ -27,18 +33,31 @@ def print_page(page: ListResponse, next_command: str | None) -> None:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    columns = ("ID", "STATE", "OUTCOME", "ORIGIN", "MODE", "SERVER", "ATTEMPTS", "UPDATED", "LAST ERROR")
+    columns = (
+        "ID",
+        "STATE",
+        "OUTCOME",
+        "ORIGIN",
+        "COMPACTED",
+        "MODE",
+        "SERVER",
+        "ATTEMPTS",
+        "UPDATED",
+        "LAST ERROR",
+    )
     for col in columns:
         table.add_column(col, no_wrap=col != "LAST ERROR")
     for item in page.items:
         table.add_row(
             item.continuation_id,
             # Sticky warning: posting it again needs retry --allow-unknown.
-            state_label(item.state, item.held, item.next_attempt_at)
+            state_label(item.state, item.held, item.next_attempt_at, item.in_flight)
             + (" (unproven post)" if item.post_unproven else "")
             + (" (acknowledged)" if item.acknowledged_at else ""),
             item.outcome or "",
             item.origin_context,
+            # Retention's doing, not the origin's: payload and answer dropped, outcome kept.
+            "yes" if item.compacted else "",
             item.mode,
             item.server_name + (f" ({item.route})" if item.route else ""),
             f"{item.attempts.synthesis}/{item.attempts.delivery}",
@@ -54,8 +73,11 @@ def print_page(page: ListResponse, next_command: str | None) -> None:
         console.print(f"more records remain; next page:\n  {next_command}")
 
 
-def state_label(state: str, held: bool, next_attempt_at: str | None) -> str:
-    # A held retry waits for an operator; a scheduled one will run by itself.
+def state_label(state: str, held: bool, next_attempt_at: str | None, in_flight: bool = False) -> str:
+    # A held retry waits for an operator; a scheduled one will run by itself; a post in flight
+    # refuses every operator verb until it ends.
+    if in_flight:
+        return f"{state} (posting)"
     if held:
         return f"{state} (held)"
     if next_attempt_at:
@@ -67,7 +89,7 @@ def print_detail(detail: DetailBody) -> None:
     st = detail.status
     rows: list[tuple[str, str]] = [
         ("id", st.continuation_id),
-        ("state", state_label(st.state, st.held, st.next_attempt_at)),
+        ("state", state_label(st.state, st.held, st.next_attempt_at, st.in_flight)),
         ("outcome", st.outcome or "-"),
         ("completion kind", st.completion_kind or "-"),
         ("kind / mode", f"{st.kind} / {st.mode}"),
@@ -81,8 +103,15 @@ def print_detail(detail: DetailBody) -> None:
         ("expires", st.expires_at),
         ("deferred", "yes (waiting for the origin run to settle)" if st.deferred else "no"),
     ]
-    if st.compacted:
-        rows.append(("compacted", "yes: payload and text dropped by retention (origin shows 'scrubbed')"))
+    rows.append(
+        (
+            "compacted",
+            "yes: retention dropped its payload and answer; the outcome, receipt and history remain, "
+            "and retry, cancel and resolve no longer apply"
+            if st.compacted
+            else "no",
+        )
+    )
     receipt = st.receipt
     if receipt is not None:
         rows += [

@@ -17,7 +17,7 @@ import msgspec
 from . import lifecycle
 from .lifecycle import may_post
 from .model import TERMINAL, Continuation
-from .transitions import TRANSITIONS, Event, target
+from .transitions import TRANSITIONS, Event, flags, target
 
 __all__ = [
     "TRANSITIONS",
@@ -53,8 +53,16 @@ NONE = Action(kind="none")
 
 
 def next_action(rec: Continuation, now_ms: int) -> Action:
-    """The next step for ``rec`` at ``now_ms`` (pure: reads no clock, changes nothing)."""
-    if rec.state in TERMINAL or rec.state == "synthesizing" or rec.delivery_in_flight:
+    """The next step for ``rec`` at ``now_ms`` (pure: reads no clock, changes nothing).
+
+    Besides the state it reads the record's flags (:func:`.transitions.flags`), the same ones
+    that decide whether an operator verb may act: a post in flight is left alone, a deferred
+    result waits for its origin, a held retry for an operator, and an unproven post is held
+    instead of posted unless the operator opted in."""
+    if rec.state in TERMINAL or rec.state == "synthesizing":
+        return NONE  # before the flags: most records of a large set are finished
+    carried = flags(rec)
+    if "in_flight" in carried:
         return NONE
     if rec.state == "claimed":
         # A result is still accepted at the deadline itself; it expires one ms after.
@@ -62,12 +70,15 @@ def next_action(rec: Continuation, now_ms: int) -> Action:
             return Action(kind="expire")
         return Action(kind="wait", at_ms=rec.claim.deadline_ms + 1)
     if rec.state == "result_received":
-        return NONE if rec.deferred else Action(kind="synthesize")
-    if rec.state == "delivery_retry":
-        if rec.next_attempt_at_ms is None:
-            return NONE  # held for an operator's retry
-        if rec.next_attempt_at_ms > now_ms:
-            return Action(kind="wait", at_ms=rec.next_attempt_at_ms)
+        return NONE if "deferred" in carried else Action(kind="synthesize")
+    if "held" in carried:
+        return NONE  # held for an operator's retry
+    if (
+        rec.state == "delivery_retry"
+        and rec.next_attempt_at_ms is not None
+        and rec.next_attempt_at_ms > now_ms
+    ):
+        return Action(kind="wait", at_ms=rec.next_attempt_at_ms)
     # ready_to_deliver, or a retry that is due. An answer whose earlier post was never proven
     # posts only after the operator's opt-in, however it became due (lifecycle invariant 5).
     return Action(kind="deliver") if may_post(rec) else Action(kind="hold")

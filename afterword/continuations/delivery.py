@@ -14,6 +14,7 @@ import msgspec
 from .errors import Conflict, InvalidTransition
 from .guards import UNPROVEN_REFUSAL, may_post, move, require, terminate
 from .model import MAX_DELIVERY_ATTEMPTS, Attempts, Continuation, ErrorInfo, Receipt
+from .transitions import TRANSITIONS
 
 
 def begin_delivery(rec: Continuation, now_ms: int) -> Continuation:
@@ -39,6 +40,33 @@ def record_chunk(rec: Continuation, delivery_id: str, now_ms: int) -> Continuati
 def delivered(rec: Continuation, receipt: Receipt, now_ms: int) -> Continuation:
     require(rec, "delivered")
     return terminate(rec, move(rec, "delivered"), now_ms, receipt=receipt, last_error=None)
+
+
+def settle_post(rec: Continuation, receipt: Receipt, now_ms: int) -> Continuation | None:
+    """The worker's confirmed post, whatever happened to the record while it was in flight.
+
+    Normally the record is still in flight and becomes ``delivered``. Operator verbs refuse
+    to act on a record in flight (:data:`.transitions.OPERATOR_REFUSALS`), so nothing else
+    should have moved it; if something did anyway, the proof of the post is still kept: a
+    record that may still be delivered is, and a record that ended meanwhile keeps the state
+    its writer chose, with the receipt and a ``late_receipt`` error saying what happened, so
+    the post is never hidden. None: the record is already delivered.
+    """
+    if "delivered" in TRANSITIONS[rec.state]:
+        return delivered(rec, receipt, now_ms)
+    if rec.state == "delivered" or not rec.terminal:
+        return None  # delivered already (its own receipt stands); never reached while active
+    return msgspec.structs.replace(
+        rec,
+        receipt=receipt,
+        chunk_receipts=(),
+        last_error=ErrorInfo.bounded(
+            "late_receipt",
+            f"the channel confirmed the post after the record became {rec.state}; receipt kept",
+        ),
+        acknowledged_at_ms=None,
+        updated_at_ms=now_ms,
+    )
 
 
 def with_history(rec: Continuation, recorded: bool, error_code: str | None, now_ms: int) -> Continuation:

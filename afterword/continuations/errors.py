@@ -56,6 +56,21 @@ class Closed(ContinuationError, CallerError):
     code = "closed"
 
 
+class Compacted(ContinuationError, CallerError):
+    """An operator verb named a record that retention has compacted into a tombstone: its
+    payload and answer are gone, so nothing can be retried, cancelled or resolved any more.
+    Distinct from ``not_found``: ``show`` and ``list`` still report its outcome."""
+
+    status = 410
+    code = "compacted"
+
+    def __init__(self, cid: str, state: str, verb: str) -> None:
+        super().__init__(
+            f"continuation {cid} was compacted by retention after it ended {state}: its payload and "
+            f"answer are gone, so it cannot be {verb}; `show` still reports its outcome and receipt"
+        )
+
+
 class ServiceDisabled(Closed):
     """The configuration sets ``continuations.enabled: false``: no surface admits claims.
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from .errors import InvalidTransition
+from .errors import Conflict, InvalidTransition
 from .model import STATES, Continuation, State
-from .transitions import TRANSITIONS, Event
+from .transitions import TRANSITIONS, UNPROVEN_REFUSAL, Event, Verb, flags, operator_refusal
 
 # The guards: lifecycle event -> the states it is allowed in, read off the transition table.
 # Two lifecycle events stand for several table events, one per outcome.
@@ -34,7 +34,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     event: frozenset(s for s in STATES if any(e in TRANSITIONS[s] for e in table))
     for event, table in _TABLE_EVENTS.items()
 }
-
 
 
 def require(rec: Continuation, event: str) -> None:
@@ -64,16 +63,51 @@ def terminate(rec: Continuation, state: State, now_ms: int, **changes: object) -
     )
 
 
-UNPROVEN_REFUSAL = (
-    "an earlier post of this answer has an unknown outcome, so posting again could duplicate it: "
-    "resolve it, or after checking the channel retry with --allow-unknown "
-    "(HTTP allowUnknown: true, embedded allow_unknown=True)"
-)
+__all__ = [
+    "ALLOWED",
+    "UNPROVEN_REFUSAL",
+    "may_post",
+    "move",
+    "require",
+    "require_verb",
+    "retry_refusal",
+    "terminate",
+    "unproven",
+]
+
+
+def require_verb(rec: Continuation, verb: Verb) -> None:
+    """Refuse an operator verb that a flag of ``rec`` forbids (transitions.OPERATOR_REFUSALS).
+
+    Each verb calls it before anything else: a post in flight is the reason an operator most
+    needs to hear, whatever else (the state row) would also refuse the verb."""
+    why = operator_refusal(rec, verb)
+    if why is not None:
+        raise Conflict(why)
+
+
+def retry_refusal(rec: Continuation, *, allow_unknown: bool) -> Conflict | None:
+    """Why an operator retry of ``rec`` is refused (the error to raise), or None when it is
+    accepted. Health reads it to offer ``retry`` only where it would be accepted."""
+    why = operator_refusal(rec, "retry_allow_unknown" if allow_unknown else "retry")
+    if why is not None:
+        return Conflict(why)
+    if "retry_delivery" not in TRANSITIONS[rec.state]:
+        return InvalidTransition(rec.state, "retry")
+    if (
+        rec.state == "dead_lettered"
+        and rec.last_error is not None
+        and rec.last_error.code == "binding_invalid"
+    ):
+        return Conflict("claim metadata failed its integrity check; it cannot be retried")
+    if rec.text is None and rec.completion_kind is None and rec.result is None:
+        return InvalidTransition(rec.state, "retry")
+    return None
 
 
 def unproven(rec: Continuation) -> bool:
     """Some post of this answer began and was never proven (sticky; see invariant 5)."""
-    return rec.post_unproven or rec.state == "delivery_unknown"
+    return "unproven" in flags(rec)
 
 
 def may_post(rec: Continuation) -> bool:

@@ -7,12 +7,18 @@ operator can change with one command:
 cause                  health      cleared by
 =====================  ==========  ==========================================================
 ``delivery_unknown``   unhealthy   ``resolve ID delivered DELIVERY_ID|not-delivered|dead-lettered``
-``dead_lettered``      unhealthy   ``acknowledge ID`` (or ``retry ID``)
+``dead_lettered``      unhealthy   ``retry ID`` where a retry is accepted, else ``acknowledge ID``
 ``expired``            degraded    ``acknowledge ID``
 ``history_unrecorded`` degraded    ``acknowledge ID`` (a delivered answer missing from history)
 ``held``               degraded    ``retry ID`` (delivery waits for an operator)
 ``pending``            degraded    finishes by itself, or ``cancel ID``
 =====================  ==========  ==========================================================
+
+Where the operator has to decide after looking (an unknown delivery, a dead letter), the cause
+also names ``show ID`` to run first. Health offers the step that keeps every option open first:
+a dead letter's command is ``retry`` whenever the core would accept it, and ``acknowledge``,
+which gives the record up to retention (its payload and answer are then dropped and it can no
+longer be retried), is offered as the alternative with what it gives up.
 
 A record keeps its cause after compaction (tombstones carry the receipt and the
 acknowledgement), so retention never clears a signal; an acknowledgement does, and only an
@@ -27,7 +33,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from .guards import retry_refusal
 from .model import Continuation, Tombstone, TombstoneSummary
+from .transitions import flags
 
 Health = Literal["healthy", "degraded", "unhealthy"]
 # Each verdict as a number, worse is larger: `afterword continuations health` exits with it and
@@ -44,7 +52,12 @@ CAUSES: dict[str, tuple[Health, str, str, str]] = {
         " <delivered DELIVERY_ID|not-delivered|dead-lettered>",
         "delivery outcome unknown: verify externally, then resolve with the verdict",
     ),
-    "dead_lettered": ("unhealthy", "acknowledge", "", "dead-lettered: inspect, then retry or acknowledge"),
+    "dead_lettered": (
+        "unhealthy",
+        "retry",
+        "",
+        "dead-lettered: inspect it, then retry it; acknowledge it only to give it up",
+    ),
     "expired": ("degraded", "acknowledge", "", "expired before a result arrived"),
     "history_unrecorded": (
         "degraded",
@@ -58,6 +71,30 @@ CAUSES: dict[str, tuple[Health, str, str, str]] = {
 ORDER: tuple[str, ...] = tuple(CAUSES)
 # Causes an acknowledgement clears; the others need a different verb.
 ACKNOWLEDGEABLE = frozenset({"dead_lettered", "expired", "history_unrecorded"})
+# Causes whose clearing command is a choice made after looking: ``show ID`` comes first.
+INSPECT_FIRST = frozenset({"delivery_unknown", "dead_lettered"})
+ACKNOWLEDGE_GIVES_UP = (
+    "acknowledging gives the record up: it stops counting against health and retention compacts "
+    "it at its next pass, dropping its payload and answer, after which it can no longer be "
+    "retried (show and list keep its outcome)"
+)
+
+
+def acknowledge_consequence(state: str) -> str:
+    """What acknowledging a record in ``state`` gives up, for the operator who just did it."""
+    if state == "dead_lettered":
+        return ACKNOWLEDGE_GIVES_UP
+    if state == "expired":
+        return (
+            "it stops counting against health; retention compacts it at its next pass and drops "
+            "it once older than the tombstone retention (no result was ever accepted for it)"
+        )
+    if state == "delivered":
+        return (
+            "the delivered answer stays missing from the conversation history and health stops "
+            "reporting it; nothing is posted again"
+        )
+    return "it stops counting against health"
 
 
 def attention(rec: Continuation | Tombstone) -> str | None:
@@ -65,7 +102,7 @@ def attention(rec: Continuation | Tombstone) -> str | None:
     if rec.state == "delivery_unknown":
         return "delivery_unknown"
     if isinstance(rec, Continuation) and rec.state in ACTIVE:
-        if rec.state == "delivery_retry" and rec.next_attempt_at_ms is None and not rec.delivery_in_flight:
+        if rec.state == "delivery_retry" and "held" in flags(rec):
             return "held"
         return "pending"
     if rec.acknowledged_at_ms is not None:
@@ -96,15 +133,48 @@ class Cause:
     ids: tuple[str, ...]  # the first ``id_limit`` ids, sorted
     message: str
     commands: tuple[str, ...]  # the exact operator command clearing it, one per listed id
+    inspect: tuple[str, ...] = ()  # ``show ID`` per listed id, to run before a choice
+    alternatives: tuple[str, ...] = ()  # per listed id: the command that gives it up ("" if none)
+    alternative_note: str | None = None  # what the alternatives give up
 
 
-def clearing_command(code: str, cid: str, config_path: str | None = None, *, unsafe: bool = False) -> str:
+def dead_letter_command(rec: Continuation | Tombstone | TombstoneSummary) -> str:
+    """The verb health offers for a dead letter: retry when the core would accept a plain
+    retry (nothing is lost), else acknowledge (the one verb left)."""
+    if isinstance(rec, Continuation) and retry_refusal(rec, allow_unknown=False) is None:
+        return "retry"
+    return "acknowledge"
+
+
+# The verdicts a partly delivered answer can still get: some chunks have channel receipts, so
+# "not delivered" would contradict them (transitions.OPERATOR_REFUSALS).
+PARTIAL_RESOLVE_TAIL = " <delivered DELIVERY_ID|dead-lettered>"
+
+
+def clearing_command(
+    code: str,
+    cid: str,
+    config_path: str | None = None,
+    *,
+    unsafe: bool = False,
+    verb: str | None = None,
+    tail: str | None = None,
+) -> str:
     """``unsafe``: a held record whose earlier post was never proven can be posted only with
-    the explicit opt-in the operator already chose by resolving it as not delivered."""
-    _, verb, tail, _ = CAUSES[code]
+    the explicit opt-in the operator already chose by resolving it as not delivered. ``verb``
+    overrides the cause's verb (a dead letter that cannot be retried is acknowledged)."""
+    _, default_verb, default_tail, _ = CAUSES[code]
+    verb = verb or default_verb
+    if tail is None:
+        tail = default_tail if verb == default_verb else ""
     config = f" --config {shlex.quote(config_path)}" if config_path else ""
     opt_in = " --allow-unknown" if unsafe else ""
     return f"afterword continuations {verb}{config} {shlex.quote(cid)}{opt_in}{tail}"
+
+
+def command_for(verb: str, cid: str, config_path: str | None) -> str:
+    config = f" --config {shlex.quote(config_path)}" if config_path else ""
+    return f"afterword continuations {verb}{config} {shlex.quote(cid)}"
 
 
 @dataclass(frozen=True)
@@ -138,17 +208,35 @@ def assess(
         if found[code]:
             level, _, _, message = CAUSES[code]
             listed = sorted(found[code], key=ident)[:id_limit]
+            verbs = [dead_letter_command(r) if code == "dead_lettered" else None for r in listed]
             commands = tuple(
                 clearing_command(
                     code,
                     ident(r),
                     config_path,
                     unsafe=code == "held" and isinstance(r, Continuation) and r.post_unproven,
+                    verb=verb,
+                    tail=PARTIAL_RESOLVE_TAIL
+                    if code == "delivery_unknown" and isinstance(r, Continuation) and r.chunk_receipts
+                    else None,
                 )
-                for r in listed
+                for r, verb in zip(listed, verbs, strict=True)
             )
             ids = tuple(ident(r) for r in listed)
-            causes.append(Cause(code, level, len(found[code]), ids, message, commands))
+            inspect = (
+                tuple(command_for("show", cid, config_path) for cid in ids) if code in INSPECT_FIRST else ()
+            )
+            alternatives: tuple[str, ...] = ()
+            note = None
+            if code == "dead_lettered":
+                alternatives = tuple(
+                    command_for("acknowledge", cid, config_path) if verb == "retry" else ""
+                    for cid, verb in zip(ids, verbs, strict=True)
+                )
+                note = ACKNOWLEDGE_GIVES_UP
+            causes.append(
+                Cause(code, level, len(found[code]), ids, message, commands, inspect, alternatives, note)
+            )
     status: Health = "healthy"
     if any(c.status == "unhealthy" for c in causes):
         status = "unhealthy"

@@ -39,6 +39,7 @@ from .delivery import (
     hold_unproven,
     reconcile,
     record_chunk,
+    settle_post,
     with_history,
 )
 from .errors import Closed, Conflict, InvalidTransition
@@ -77,6 +78,7 @@ __all__ = [
     "resolve",
     "retry",
     "same_result",
+    "settle_post",
     "submit_result",
     "synthesize_locally",
     "unproven",

@@ -175,6 +175,12 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     post_unproven: bool = False
     acknowledged_at_ms: int | None = None
     history: tuple[StateChange, ...] = ()
+    # The origin context the record had when it was compacted; None in tombstones written
+    # before it was kept (shown as "scrubbed": compaction dropped the snapshot reference).
+    origin_context: OriginContext | None = None
+    # Receipts of chunks posted before the record ended without a full receipt (a partial
+    # answer resolved as dead-lettered): proof of a delivery is never compacted away.
+    chunk_receipts: tuple[str, ...] = ()
 
 
 class TombstoneSummary(msgspec.Struct, frozen=True, array_like=True, gc=False, forbid_unknown_fields=True):

@@ -5,7 +5,8 @@ Rules:
 1. Settled outcomes (delivered, expired, cancelled, and a dead letter once an operator
    acknowledged it) are compacted into tombstones, which keep the claim identity, the
    accepted result's idempotency key and hash, the receipt, the attempts, the outcome and
-   its acknowledgement, and drop payload, text and the snapshot reference.
+   its acknowledgement, the origin context it had and any chunk receipts, and drop payload,
+   text and the snapshot reference.
 2. A delivered capture keeps its text while it is among the newest
    ``captured_text_max_records`` captures and younger than ``captured_text_max_age_ms``.
 3. An outcome that still needs an operator (``health.attention``: an unknown delivery, an
@@ -95,6 +96,8 @@ def tombstone_of(rec: Continuation) -> Tombstone:
         history=rec.history,
         post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
         acknowledged_at_ms=rec.acknowledged_at_ms,
+        origin_context=rec.origin_context,
+        chunk_receipts=rec.chunk_receipts,
     )
 
 

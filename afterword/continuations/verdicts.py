@@ -1,6 +1,9 @@
 """The operator's lifecycle actions: cancel, retry, resolve an unknown outcome, acknowledge.
 
-Invariant 4 of :mod:`.lifecycle`: terminal states change only through these.
+Invariant 4 of :mod:`.lifecycle`: terminal states change only through these. Invariant 5 of
+:mod:`.transitions`: whether a verb may act at all also depends on the record's flags (a post
+in flight, chunk receipts, an unproven post); each verb asks ``require_verb`` first, so a
+refusal names its reason and changes nothing.
 """
 
 from __future__ import annotations
@@ -10,16 +13,17 @@ from typing import Literal
 import msgspec
 
 from .errors import Conflict, InvalidTransition
-from .guards import UNPROVEN_REFUSAL, move, terminate, unproven
+from .guards import move, require_verb, retry_refusal, terminate, unproven
 from .health import ACKNOWLEDGEABLE, attention
 from .model import Attempts, Continuation, ErrorInfo, Receipt, Tombstone
-from .transitions import TRANSITIONS, Event
+from .transitions import TRANSITIONS, Event, Verb
 
 
 def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
     """Cancel active work. Idempotent for cancelled items; other terminal states are kept."""
     if rec.state == "cancelled":
         return None
+    require_verb(rec, "cancel")
     if rec.terminal:
         raise InvalidTransition(rec.state, "cancel")
     return terminate(
@@ -33,20 +37,11 @@ def retry(rec: Continuation, *, allow_unknown: bool, now_ms: int) -> Continuatio
     A record whose post was ever unproven is refused unless ``allow_unknown`` (the unsafe
     opt-in after external verification), whichever verdict or state it reached since.
     """
-    if "retry_delivery" not in TRANSITIONS[rec.state]:
-        raise InvalidTransition(rec.state, "retry")
-    if unproven(rec) and not allow_unknown:
-        raise Conflict(UNPROVEN_REFUSAL)
-    if (
-        rec.state == "dead_lettered"
-        and rec.last_error is not None
-        and rec.last_error.code == "binding_invalid"
-    ):
-        raise Conflict("claim metadata failed its integrity check; it cannot be retried")
+    refused = retry_refusal(rec, allow_unknown=allow_unknown)
+    if refused is not None:
+        raise refused
     attempts = Attempts(synthesis=rec.attempts.synthesis, delivery=0)
     if rec.text is None and rec.completion_kind is None:
-        if rec.result is None:
-            raise InvalidTransition(rec.state, "retry")
         state = move(rec, "retry_synthesis")
     else:
         state = move(rec, "retry_delivery")
@@ -71,6 +66,11 @@ _RESOLVE: dict[str, Event] = {
     "not_delivered": "resolve_not_delivered",
     "dead_lettered": "resolve_dead_lettered",
 }
+_RESOLVE_VERB: dict[str, Verb] = {
+    "delivered": "resolve_delivered",
+    "not_delivered": "resolve_not_delivered",
+    "dead_lettered": "resolve_dead_lettered",
+}
 
 
 def resolve(
@@ -81,6 +81,7 @@ def resolve(
 ) -> Continuation:
     """Operator verdict on an unknown delivery outcome."""
     event = _RESOLVE[kind]
+    require_verb(rec, _RESOLVE_VERB[kind])
     if event not in TRANSITIONS[rec.state]:
         raise InvalidTransition(rec.state, f"resolve {kind}")
     rec = msgspec.structs.replace(rec, post_unproven=True)  # a verdict never erases the doubt
@@ -127,6 +128,7 @@ def resolve(
 def acknowledge(rec: Continuation, now_ms: int) -> Continuation | None:
     """Operator acknowledgement of a terminal outcome that affects health (dead letter,
     expiry, delivered without history). None when there is nothing (left) to acknowledge."""
+    require_verb(rec, "acknowledge")
     code = attention(rec)
     if code is None:
         return None  # already acknowledged, or an outcome nobody needs to act on

@@ -37,8 +37,12 @@ ERRORS = {
     403: "forbidden: the credential does not grant this destination",
     404: "not_found: no such continuation (or run)",
     408: "timeout: the request body did not arrive within the body deadline",
-    409: "conflict: contradicts what was already accepted, or the state does not allow it",
-    410: "closed: the capability, continuation or run no longer accepts this",
+    409: "conflict: contradicts what was already accepted, or the state does not allow it (an "
+    "operator verb while a delivery attempt is in flight, or one that would drop or repeat "
+    "posted chunks, is refused with the reason)",
+    410: "closed: the capability, continuation or run no longer accepts this; or, from an "
+    "operator verb (retry, cancel, resolve), compacted: retention compacted the record, its "
+    "payload and answer are gone and only its outcome remains (show and list still report it)",
     413: "too_large: the body exceeds this route's limit, or the origin snapshot its quota",
     429: "admission_limit: too many active continuations (claims), or too many open runs "
     "(beginRun, with Retry-After)",
@@ -159,7 +163,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "operatorCapability",
         RetryRequest,
         StatusBody,
-        (400, 401, 404, 408, 409, 413),
+        (400, 401, 404, 408, 409, 410, 413),
         request_optional=True,
     ),
     Operation(
@@ -170,7 +174,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "operatorCapability",
         None,
         StatusBody,
-        (400, 401, 404, 409),
+        (400, 401, 404, 409, 410),
     ),
     Operation(
         "post",
@@ -190,7 +194,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "operatorCapability",
         ResolveRequest,
         StatusBody,
-        (400, 401, 404, 408, 409, 413),
+        (400, 401, 404, 408, 409, 410, 413),
     ),
     Operation(
         "post",
@@ -340,7 +344,7 @@ HOST_OPERATIONS: tuple[Operation, ...] = (
         _HOST,
         RetryRequest,
         StatusBody,
-        (400, 401, 404, 408, 409, 413),
+        (400, 401, 404, 408, 409, 410, 413),
         request_optional=True,
     ),
     Operation(
@@ -351,7 +355,7 @@ HOST_OPERATIONS: tuple[Operation, ...] = (
         _HOST,
         None,
         StatusBody,
-        (400, 401, 404, 409),
+        (400, 401, 404, 409, 410),
     ),
     Operation(
         "post",
@@ -361,7 +365,7 @@ HOST_OPERATIONS: tuple[Operation, ...] = (
         _HOST,
         ResolveRequest,
         StatusBody,
-        (400, 401, 404, 408, 409, 413),
+        (400, 401, 404, 408, 409, 410, 413),
     ),
 )
 OPERATIONS = OPERATIONS + HOST_OPERATIONS

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..continuations.model import Continuation, ErrorInfo, Receipt, Tombstone
 from ..continuations.rules import format_ms
 from ..continuations.trail import MAX_STATE_HISTORY
+from ..continuations.transitions import flags
 from .wire import AttemptsBody, DetailBody, ErrorDetail, ListItem, ReceiptBody, StateChangeBody, StatusBody
 
 _OUTCOME = {"operator": "resolved"}
@@ -44,7 +45,9 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
         return StatusBody(
             continuation_id=rec.claim.id,
             state=rec.state,
-            origin_context="scrubbed",
+            # Compaction is reported by ``compacted``, apart from the origin context the record
+            # had; only tombstones older than that field say "scrubbed".
+            origin_context=rec.origin_context or "scrubbed",
             mode=rec.claim.mode,
             kind=rec.claim.kind,
             attempts=AttemptsBody(synthesis=rec.attempts.synthesis, delivery=rec.attempts.delivery),
@@ -60,7 +63,7 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
             acknowledged_at=_maybe_ms(rec.acknowledged_at_ms),
             outcome=outcome(rec),
         )
-    held = rec.state == "delivery_retry" and rec.next_attempt_at_ms is None
+    carried = flags(rec)
     return StatusBody(
         continuation_id=rec.id,
         state=rec.state,
@@ -75,16 +78,17 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
         last_error=error_body(rec.last_error),
         receipt=receipt_body(rec.receipt),
         completion_kind=rec.completion_kind,
-        deferred=rec.result is not None and rec.deferred,
+        deferred=rec.result is not None and "deferred" in carried,
         expires_at=format_ms(rec.claim.deadline_ms),
         created_at=format_ms(rec.claim.created_at_ms),
         updated_at=format_ms(rec.updated_at_ms or rec.claim.created_at_ms),
-        post_unproven=rec.post_unproven or rec.state == "delivery_unknown",
+        post_unproven="unproven" in carried,
         acknowledged_at=_maybe_ms(rec.acknowledged_at_ms),
         next_attempt_at=format_ms(rec.next_attempt_at_ms)
         if rec.state == "delivery_retry" and rec.next_attempt_at_ms is not None
         else None,
-        held=held,
+        held="held" in carried,
+        in_flight="in_flight" in carried,
         outcome=outcome(rec),
     )
 
@@ -109,6 +113,7 @@ def list_item(rec: Continuation | Tombstone) -> ListItem:
         held=s.held,
         outcome=s.outcome,
         acknowledged_at=s.acknowledged_at,
+        in_flight=s.in_flight,
     )
 
 

@@ -90,6 +90,8 @@ class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     # How it ended: posted, captured, suppressed, silent or resolved (an operator confirmed a
     # post), prefixed "fallback " when the fixed origin-unavailable answer was used.
     outcome: str | None = None
+    # A delivery attempt is in flight: every operator verb waits until it ends (409).
+    in_flight: bool = False
 
 
 class StateChangeBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,6 +143,7 @@ class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     # When an operator acknowledged this dead letter, expiry or delivery missing from
     # history (``acknowledge``); None when nobody did or nothing needed it.
     acknowledged_at: str | None = None
+    in_flight: bool = False
 
 
 class ListResponse(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -156,7 +159,13 @@ class HealthCauseBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     count: int
     message: str
     ids: list[str]  # at most 100, sorted; ``count`` is exact
-    commands: list[str]  # one exact operator command per listed id
+    commands: list[str]  # one exact operator command per listed id: the one that keeps options open
+    # Where the operator chooses after looking: ``show`` per listed id, to run first.
+    inspect: list[str] = []
+    # Per listed id, the command that gives the record up instead ("" when there is none), and
+    # what it gives up (a dead letter: retry first; acknowledge lets retention compact it).
+    alternatives: list[str] = []
+    alternative_note: str | None = None
 
 
 class HealthBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -187,10 +187,12 @@ class Delivery(Steps):
                 recorded, history_code = await self.record_history(rec)
         except anyio.get_cancelled_exc_class():
             interrupted = posted(False, "history_interrupted")
-            await self.shielded(cid, lambda r: lifecycle.delivered(r, interrupted, now()))
+            await self.shielded(cid, lambda r: lifecycle.settle_post(r, interrupted, now()))
             raise
         receipt = posted(recorded, history_code)
-        await self.transition(cid, lambda r: lifecycle.delivered(r, receipt, now()))
+        # settle_post, not delivered: should anything have ended the record while the post was
+        # in flight, the receipt is kept beside the state it was given instead of dropped.
+        await self.transition(cid, lambda r: lifecycle.settle_post(r, receipt, now()))
         log.info("continuation %s delivered (%d chunk(s))", cid, len(receipts))
 
     async def record_chunk(self, cid: str, delivery_id: str) -> None:

@@ -10,6 +10,7 @@ the state directory, so the test can count them across any number of restarts.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,13 @@ class ScriptedChannel:
         self.script: deque[str] = deque()
         self.posts: list[Post] = []  # every post that reached the conversation
         self.calls = 0
+        # A held post (operator verbs racing a post in flight): the next post announces itself
+        # on ``arrived``, waits for ``release()``, then does ``hold_next``. ``held_receipt`` is
+        # the delivery id it answered with, if it answered.
+        self.hold_next: str | None = None
+        self.arrived = threading.Event()
+        self.gate: anyio.Event | None = None
+        self.held_receipt: str | None = None
 
     def _posted(self, delivery: ChunkDelivery) -> None:
         cid = delivery.delivery_key.rsplit(":", 1)[0]
@@ -119,6 +127,8 @@ class ScriptedChannel:
         self.calls += 1
         if not self.allowed(delivery.conversation_id):
             self.forbidden.append(delivery.conversation_id)
+        if self.hold_next is not None:
+            return await self._held(delivery, self.hold_next)
         mode = self.script.popleft() if self.script else "accept"
         if mode == "refuse":
             raise PermanentDeliveryError("channel_refused", "the channel refused the post")
@@ -136,6 +146,31 @@ class ScriptedChannel:
             self.switch.trip()
             raise SimulatedCrash("died after posting")
         return ChunkReceipt(delivery_id=f"m{len(self.posts)}", channel_id="C-fake")
+
+    async def _held(self, delivery: ChunkDelivery, mode: str) -> ChunkReceipt:
+        """The receiver got the post (unless ``mode`` says nothing was posted) and holds its
+        answer until the test releases it, while the test runs an operator verb."""
+        self.hold_next = None
+        self.held_receipt = None
+        self.gate = anyio.Event()
+        posted = mode in ("accept", "unconfirmed")
+        if posted:
+            self._posted(delivery)
+        self.arrived.set()
+        await self.gate.wait()
+        if mode == "refuse":
+            raise PermanentDeliveryError("channel_refused", "the channel refused the post")
+        if mode == "transient":
+            raise RetryableDeliveryError("channel_unavailable", "try again later")
+        if mode == "unconfirmed":
+            raise UnconfirmedDeliveryError("connection dropped after sending")
+        self.held_receipt = f"m{len(self.posts)}"
+        return ChunkReceipt(delivery_id=self.held_receipt, channel_id="C-fake")
+
+    def release(self) -> None:
+        """Let the held post answer (called on the service's event loop)."""
+        if self.gate is not None:
+            self.gate.set()
 
     def duplicates(self) -> list[tuple[str, int]]:
         """Delivery keys posted more than once within one unsafe-retry epoch (I1)."""

@@ -67,8 +67,11 @@ VERBS: dict[str, Verb] = {
             "acknowledge",
             "Acknowledge",
             "Acknowledge",
-            "Records that you have seen this outcome: it stops counting against health.",
-            "Acknowledged.",
+            "Records that you have seen this outcome and gives it up: it stops counting against "
+            "health, and retention then compacts it, dropping its payload and answer; a dead "
+            "letter can no longer be retried after that. Retry it first if it should still go out.",
+            "Acknowledged: retention compacts it at its next pass.",
+            warn=True,
         ),
         Verb(
             "resolve-delivered",
@@ -107,6 +110,8 @@ def verbs_for(status: StatusBody) -> list[Verb]:
     """The verbs that apply to a record in its current state, in display order."""
     row = TRANSITIONS.get(status.state, {})  # type: ignore[call-overload]
     names: list[str] = []
+    if status.in_flight:
+        return []  # every verb waits for the attempt's outcome (transitions.OPERATOR_REFUSALS)
     if status.state == "delivery_unknown":
         names += ["resolve-delivered", "resolve-not-delivered", "resolve-dead-lettered"]
     if not status.compacted and "retry_delivery" in row:
