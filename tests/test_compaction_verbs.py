@@ -119,15 +119,17 @@ async def test_a_verb_on_a_compacted_record_says_compacted(tmp_path: Path, capsy
             and claimed.id in error["message"]
         )
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
-    # show and list still report it: compacted, with the origin context it had
+    # show and list still report it: compacted, its snapshot scrubbed, with the origin context
+    # it had beside that
     status = shown.json()["status"]
     assert (
         status["compacted"] is True
-        and status["originContext"] == "pinned"
+        and status["originContext"] == "scrubbed"
+        and status["originContextAtCompaction"] == "pinned"
         and status["state"] == "dead_lettered"
     )
     (item,) = listed.json()["items"]
-    assert item["compacted"] is True and item["originContext"] == "pinned"
+    assert item["compacted"] is True and item["originContextAtCompaction"] == "pinned"
     print_page(page, None)
     table = capsys.readouterr().out
     header, row = table.splitlines()[:2]
@@ -139,7 +141,7 @@ async def test_a_verb_on_a_compacted_record_says_compacted(tmp_path: Path, capsy
         "origin context   pinned" in shown_text
         or "pinned" in shown_text.split("origin context")[1].splitlines()[0]
     )
-    assert "compacted" in shown_text and "scrubbed" not in shown_text
+    assert "compacted" in shown_text and "snapshot scrubbed by compaction" in shown_text
 
 
 def test_acknowledge_says_what_it_gives_up(tmp_path: Path) -> None:

@@ -90,8 +90,9 @@ async def test_retention_bounds(tmp_path: Path) -> None:
             ResultRequest(idempotency_key="k-quiet-0", payload_hash=payload_hash(payload), payload=payload),
             10,
         )
-        # Compaction is its own field; the origin context is the one the record had.
-        assert status.compacted and status.state == "delivered" and status.origin_context == "detached_latest"
+        # The snapshot is scrubbed with compaction; the context the record had stays beside it.
+        assert status.compacted and status.state == "delivered" and status.origin_context == "scrubbed"
+        assert status.origin_context_at_compaction == "detached_latest"
         other = {"n": 99}
         with pytest.raises(Conflict):
             await service.submit_result(
@@ -159,7 +160,8 @@ async def test_snapshot_blob_swept_after_compaction(tmp_path: Path) -> None:
         assert digest not in service.blobs
         assert not (Path(config.state_dir) / "blobs" / digest).exists()
         status = service.status(cid, claim["resultToken"])
-        assert status.compacted and status.origin_context == "pinned"  # the blob is gone, not the fact
+        assert status.compacted and status.origin_context == "scrubbed"  # the blob is gone...
+        assert status.origin_context_at_compaction == "pinned"  # ...not the fact that it was pinned
 
 
 async def test_tombstones_keep_attempt_counts(tmp_path: Path) -> None:

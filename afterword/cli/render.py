@@ -55,7 +55,8 @@ def print_page(page: ListResponse, next_command: str | None) -> None:
             + (" (unproven post)" if item.post_unproven else "")
             + (" (acknowledged)" if item.acknowledged_at else ""),
             item.outcome or "",
-            item.origin_context,
+            # A compacted record shows the origin it had; COMPACTED says the snapshot is gone.
+            item.origin_context_at_compaction or item.origin_context,
             # Retention's doing, not the origin's: payload and answer dropped, outcome kept.
             "yes" if item.compacted else "",
             item.mode,
@@ -93,7 +94,12 @@ def print_detail(detail: DetailBody) -> None:
         ("outcome", st.outcome or "-"),
         ("completion kind", st.completion_kind or "-"),
         ("kind / mode", f"{st.kind} / {st.mode}"),
-        ("origin context", st.origin_context),
+        (
+            "origin context",
+            f"{st.origin_context_at_compaction} (snapshot scrubbed by compaction)"
+            if st.origin_context_at_compaction
+            else st.origin_context,
+        ),
         ("server", detail.server_name + (f" (route {detail.route})" if detail.route else "")),
         ("task key", detail.task_key),
         ("attempts", f"synthesis {st.attempts.synthesis}, delivery {st.attempts.delivery} (all rounds)"),

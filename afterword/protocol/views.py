@@ -45,9 +45,10 @@ def status_body(rec: Continuation | Tombstone) -> StatusBody:
         return StatusBody(
             continuation_id=rec.claim.id,
             state=rec.state,
-            # Compaction is reported by ``compacted``, apart from the origin context the record
-            # had; only tombstones older than that field say "scrubbed".
-            origin_context=rec.origin_context or "scrubbed",
+            # The origin snapshot went with compaction: "scrubbed", as the spec names it. The
+            # context the record had stays beside it (None on tombstones older than that field).
+            origin_context="scrubbed",
+            origin_context_at_compaction=rec.origin_context,
             mode=rec.claim.mode,
             kind=rec.claim.kind,
             attempts=AttemptsBody(synthesis=rec.attempts.synthesis, delivery=rec.attempts.delivery),
@@ -108,6 +109,7 @@ def list_item(rec: Continuation | Tombstone) -> ListItem:
         created_at=s.created_at,
         updated_at=s.updated_at,
         compacted=s.compacted,
+        origin_context_at_compaction=s.origin_context_at_compaction,
         post_unproven=s.post_unproven,
         next_attempt_at=s.next_attempt_at,
         held=s.held,

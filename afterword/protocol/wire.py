@@ -81,6 +81,9 @@ class StatusBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     created_at: str
     updated_at: str
     compacted: bool = False
+    # Compacted records: ``originContext`` says "scrubbed" (the snapshot is gone); this is the
+    # context it had before, so that compaction is not read as a lost origin.
+    origin_context_at_compaction: str | None = None
     post_unproven: bool = False  # an earlier post's outcome was never proven (sticky)
     acknowledged_at: str | None = None
     # delivery_retry only: when the next automatic attempt is due; ``held`` when none is
@@ -136,6 +139,7 @@ class ListItem(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     created_at: str
     updated_at: str
     compacted: bool
+    origin_context_at_compaction: str | None = None
     post_unproven: bool = False
     next_attempt_at: str | None = None
     held: bool = False
