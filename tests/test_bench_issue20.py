@@ -193,7 +193,8 @@ def test_a_tiny_run_fills_every_row(tmp_path: Path) -> None:
             # same few ticks, so only its sign is free; it must be serve's minus bare's.
             producers = figure.split(", ")[1].split(" ")[0]
             summary = data["e2e_summary"][producers]
-            assert summary["cpu_ms"] > 0 and summary["bare_cpu_ms"] > 0, summary
+            # The bare endpoint's share can round to zero ticks at smoke size; serve's cannot.
+            assert summary["cpu_ms"] > 0 and summary["bare_cpu_ms"] >= 0, summary
             assert row["value"] == pytest.approx(summary["own_cpu_ms"]), (row, summary)
         else:
             assert row["value"] > 0, row

@@ -160,7 +160,9 @@ def test_many_sessions_killed_at_spread_points(tmp_path: Path) -> None:
     clean.mkdir(mode=0o700)
     _, labels, _ = run_host(str(clean / "state"), 0, 4)
     started = time.monotonic()
-    points = range(7, len(labels), 11)
+    # Four sessions interleave as the scheduler lets them (and wakes coalesce), so a run's
+    # write count varies by a few percent: the last points stay clear of the shortest run.
+    points = range(7, len(labels) - len(labels) // 8, 11)
     for point in points:
         crash_and_recover(tmp_path, point, 4)
     print(f"\n4 sessions: {len(points)} kill points of {len(labels)} writes in {time.monotonic() - started:.0f} s")
