@@ -15,6 +15,11 @@ Run against a config of your own (the service must not already be running on its
 
     python examples/reference_host.py --config afterword.json --reply-to local:chat-1
 
+A stdio server whose ``command`` is the bare name ``python`` or ``python3`` (as in
+``examples/mcp.json``) is started with the interpreter running this host, so it sees the same
+installed packages even when ``python3`` on ``PATH`` is another one (a venv not activated);
+the host prints the substitution. ``--path-python`` keeps the ``PATH`` lookup instead.
+
 ``afterword demo`` runs this same host in a temporary directory.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+import msgspec
 
 import afterword
 from afterword import ContinuationService
@@ -101,7 +108,9 @@ async def run_turn(
     ) as sessions:
         server = config.mcp_servers[TOOL_SERVER]
         how = "stdio subprocess" if server.transport == "stdio" else f"streamable HTTP {server.url}"
-        on_step("mcp", f"{TOOL_SERVER} started via the MCP SDK {sdk_line()}.x ({how}) with the bound capability")
+        on_step(
+            "mcp", f"{TOOL_SERVER} started via the MCP SDK {sdk_line()}.x ({how}) with the bound capability"
+        )
         on_step("tool", f"model calls {tool}({json.dumps(arguments)})")
         outcome = tool_outcome(await sessions[TOOL_SERVER].call_tool(tool, arguments))
         tool_text = outcome.text
@@ -158,8 +167,33 @@ async def wait_for_answer(config: Config, reply_to: str, *, timeout_s: float = 6
             await anyio.sleep(0.05)
 
 
-async def main(config_path: str, reply_to: str, text: str) -> None:
+# Bare interpreter names an MCP config writes to mean "a Python"; this host means its own.
+HOST_PYTHON_NAMES = frozenset({"python", "python3"})
+
+
+def with_host_python(config: Config, on_step: Step) -> Config:
+    """``config`` with each stdio server run by ``python``/``python3`` run by ``sys.executable``.
+
+    The MCP config is shared with other clients, so it keeps its portable ``python3``; only
+    this host's view changes, and each substitution is reported through ``on_step``.
+    """
+    servers = dict(config.mcp_servers)
+    for name, server in servers.items():
+        if server.transport == "stdio" and server.command in HOST_PYTHON_NAMES:
+            servers[name] = msgspec.structs.replace(server, command=sys.executable)
+            on_step(
+                "mcp", f"{name}: command {server.command!r} runs as this host's interpreter {sys.executable}"
+            )
+    return msgspec.structs.replace(config, mcp_servers=servers)
+
+
+async def main(config_path: str, reply_to: str, text: str, *, path_python: bool = False) -> None:
+    def on_step(kind: str, line: str) -> None:
+        print(f"[{kind}] {line}")
+
     config = afterword.load_config(config_path)
+    if not path_python:
+        config = with_host_python(config, on_step)
     async with afterword.open_service(config) as service:
         answer: dict[str, Any] = {}
 
@@ -172,7 +206,7 @@ async def main(config_path: str, reply_to: str, text: str) -> None:
             conversation_id=reply_to,
             reply_to=reply_to,
             user_text=text,
-            on_step=lambda kind, line: print(f"[{kind}] {line}"),
+            on_step=on_step,
             until=until,
         )
         print(f"[later answer -> {answer['conversationId']}] {answer['text']}")
@@ -183,5 +217,10 @@ if __name__ == "__main__":
     parser.add_argument("--config", required=True)
     parser.add_argument("--reply-to", default="local:chat-1")
     parser.add_argument("--text", default="Please rebuild the search index")
+    parser.add_argument(
+        "--path-python",
+        action="store_true",
+        help="start servers whose command is python/python3 with the one on PATH, not this interpreter",
+    )
     args = parser.parse_args()
-    anyio.run(main, args.config, args.reply_to, args.text)
+    anyio.run(lambda: main(args.config, args.reply_to, args.text, path_python=args.path_python))

@@ -50,7 +50,7 @@ def _one_line_refusal(capsys: pytest.CaptureFixture[str], config: Path, rule: st
     return lines[0]
 
 
-def test_item7_garbage_owner_db_is_one_line_not_a_traceback(
+def test_serve_refuses_a_garbage_owner_db_in_one_line_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, state = _state_with_records(tmp_path)
@@ -60,7 +60,9 @@ def test_item7_garbage_owner_db_is_one_line_not_a_traceback(
     assert done.returncode == 1 and "Traceback" not in done.stderr and "bad_lock_file" in done.stderr
 
 
-def test_item7_damaged_log_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_refuses_a_damaged_log_segment_in_one_line_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, state = _state_with_records(tmp_path)
     manifest = json.loads((state / "MANIFEST").read_text())
     slot = manifest["segments"][-1][0]
@@ -75,7 +77,7 @@ def _detached_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.anyio
-async def test_item8_recovery_changes_are_logged_by_serve(tmp_path: Path) -> None:
+async def test_serve_logs_the_state_change_recovery_makes_on_start(tmp_path: Path) -> None:
     config, env = make_config(tmp_path)
     async with running(config, env, run_worker=False) as h:
         claimed = await reply_run(h.service, h.producer, {"summary": "x"})

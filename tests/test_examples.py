@@ -148,6 +148,40 @@ def test_reference_host_runs_from_another_directory_without_the_detached_token(t
     assert list(elsewhere.iterdir()) == []
 
 
+def test_reference_host_starts_the_example_server_with_its_own_interpreter_not_path_python3(
+    tmp_path: Path,
+) -> None:
+    # A venv that is not activated: python/python3 on PATH is another interpreter, here one that
+    # cannot import afterword (a shim that fails), so the example server must not be run by it.
+    copy_examples(tmp_path)
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for name in ("python", "python3"):
+        shim = shims / name
+        shim.write_text("#!/bin/sh\necho 'shim python: no afterword here' >&2\nexit 3\n")
+        shim.chmod(0o755)
+    env = child_env()
+    env["PATH"] = os.pathsep.join([str(shims), os.environ.get("PATH", "")])
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "reference_host.py"),
+            "--config",
+            str(tmp_path / "examples" / "afterword.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert f"command 'python3' runs as this host's interpreter {sys.executable}" in done.stdout
+    assert "[later answer -> local:chat-1]" in done.stdout
+    # --path-python asks for the PATH lookup, and gets the shim.
+    kept = subprocess.run([*done.args, "--path-python"], capture_output=True, text=True, timeout=120, env=env)
+    assert kept.returncode != 0 and "shim python: no afterword here" in kept.stderr
+
+
 def test_running_examples_in_place_leaves_nothing_for_git(tmp_path: Path) -> None:
     root = EXAMPLES.parent
     if shutil.which("git") is None or not (root / ".git").exists():

@@ -77,12 +77,27 @@ async def _held_then_batched(
         if not disk.release.is_set():
             early.append(key)
 
+    queued = 0
+    all_queued = anyio.Event()
+    append = outbox.file.append
+
+    async def counting_append(key: str, line: bytes) -> None:
+        # append queues its entry before its first await (the flush lock, held by "first:0"),
+        # so the gate opens only once every later post waits in the queue behind the batch.
+        nonlocal queued
+        queued += 1
+        if queued == len(keys):
+            all_queued.set()
+        await append(key, line)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(post, "first:0")
         await anyio.to_thread.run_sync(disk.entered.wait, 10)
+        outbox.file.append = counting_append  # type: ignore[method-assign]
         for key in keys:
             tg.start_soon(post, key)
-        await anyio.sleep(0.2)  # every post is queued behind the held batch
+        with anyio.fail_after(10):
+            await all_queued.wait()
         disk.release.set()
     return outcomes, early
 

@@ -92,14 +92,14 @@ def _zero_header(seg: str) -> None:
     ],
     ids=["deleted", "truncated-0", "truncated-100", "truncated-half", "garbage", "header-zeroed"],
 )
-def test_item1_damaged_segment_fails_closed(tmp_path: object, damage, rule: str) -> None:  # type: ignore[no-untyped-def]
+def test_damaged_tail_segment_fails_closed_naming_its_rule(tmp_path: object, damage, rule: str) -> None:  # type: ignore[no-untyped-def]
     path = str(tmp_path)
     _make(path)
     damage(_tail_segment(path))
     _refused(path, rule)
 
 
-def test_item1_nothing_is_swept_after_a_refusal(tmp_path: object) -> None:
+def test_refused_open_sweeps_no_record_file(tmp_path: object) -> None:
     path = str(tmp_path)
     _make(path)
     os.unlink(_tail_segment(path))
@@ -108,7 +108,7 @@ def test_item1_nothing_is_swept_after_a_refusal(tmp_path: object) -> None:
     assert sorted(os.listdir(os.path.join(path, "records"))) == records
 
 
-def test_item2_deleted_record_file_fails_closed(tmp_path: object) -> None:
+def test_deleted_record_file_fails_closed(tmp_path: object) -> None:
     path = str(tmp_path)
     _make(path)
     rec_dir = os.path.join(path, "records")
@@ -116,7 +116,7 @@ def test_item2_deleted_record_file_fails_closed(tmp_path: object) -> None:
     _refused(path, "record_digest")
 
 
-def test_item2_record_file_rolled_back_to_an_older_version_fails_closed(tmp_path: object) -> None:
+def test_record_file_rolled_back_to_an_older_version_fails_closed(tmp_path: object) -> None:
     path = str(tmp_path)
     with RecordStore.open(path, options=SMALL) as store:
         store.transact_sync([Put("a", b"1")])
@@ -140,7 +140,7 @@ def test_item2_record_file_rolled_back_to_an_older_version_fails_closed(tmp_path
     _refused(path, "record_digest")
 
 
-def test_item3_deleted_secret_fails_closed_and_is_not_recreated(tmp_path: object) -> None:
+def test_deleted_secret_fails_closed_and_is_not_recreated(tmp_path: object) -> None:
     path = str(tmp_path)
     _make(path)
     os.unlink(os.path.join(path, "secret"))
@@ -148,7 +148,7 @@ def test_item3_deleted_secret_fails_closed_and_is_not_recreated(tmp_path: object
     assert not os.path.exists(os.path.join(path, "secret"))
 
 
-def test_item3_replaced_secret_fails_closed(tmp_path: object) -> None:
+def test_replaced_secret_fails_closed(tmp_path: object) -> None:
     path = str(tmp_path)
     _make(path)
     fd = os.open(os.path.join(path, "secret"), os.O_WRONLY | os.O_TRUNC)
@@ -166,7 +166,7 @@ def test_item3_replaced_secret_fails_closed(tmp_path: object) -> None:
         (("checkpoint_lsn", "acked_lsn"), True, "manifest_behind_records"),
     ],
 )
-def test_item4_manifest_checkpoint_lsn_edited_back_fails_closed(
+def test_manifest_checkpoint_lsn_edited_back_fails_closed(
     tmp_path: object, fields: tuple[str, ...], mark_too: bool, rule: str
 ) -> None:
     path = str(tmp_path)
@@ -183,7 +183,7 @@ def test_item4_manifest_checkpoint_lsn_edited_back_fails_closed(
     _refused(path, rule)
 
 
-def test_item4_manifest_restored_from_an_earlier_copy_fails_closed(tmp_path: object) -> None:
+def test_manifest_restored_from_an_earlier_copy_fails_closed(tmp_path: object) -> None:
     path = str(tmp_path)
     store = RecordStore.open(path, options=SMALL)
     store.transact_sync([Put("a", b"1")])
@@ -227,7 +227,7 @@ FIELDS = {"marker": 0, "length": 5, "lsn": 8, "batch_start": 16, "checksum": 24,
 
 @pytest.mark.parametrize("killed", [True, False], ids=["killed", "clean-stop"])
 @pytest.mark.parametrize("field", FIELDS)
-def test_item5_flipped_bit_in_the_acknowledged_last_frame_is_restored_from_its_shadow(
+def test_flipped_bit_in_the_acknowledged_last_frame_is_restored_from_its_shadow(
     tmp_path: object, field: str, killed: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The last frame of a log is written after the last MANIFEST write: only its write's
@@ -247,7 +247,7 @@ def test_item5_flipped_bit_in_the_acknowledged_last_frame_is_restored_from_its_s
     assert not caplog.records
 
 
-def test_item5_last_frame_and_its_shadow_both_damaged_after_a_clean_stop_fails_closed(tmp_path: object) -> None:
+def test_last_frame_and_its_shadow_both_damaged_after_a_clean_stop_fails_closed(tmp_path: object) -> None:
     path = str(tmp_path)
     _make(path, killed=False)  # a clean stop records the last acknowledged lsn
     seg, frame = _last_frame(path)
@@ -257,7 +257,7 @@ def test_item5_last_frame_and_its_shadow_both_damaged_after_a_clean_stop_fails_c
     assert not [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
 
 
-def test_item5_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
+def test_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
     tmp_path: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = str(tmp_path)
@@ -276,7 +276,7 @@ def test_item5_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
     assert [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
 
 
-def test_item5_damaged_shadow_alone_is_harmless(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
+def test_damaged_shadow_alone_is_harmless(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
     path = str(tmp_path)
     acked = _make(path, killed=True)
     seg, frame = _last_frame(path)
