@@ -99,10 +99,13 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
         assert cli(server, "continuations", "acknowledge", hung2["continuationId"])[0] == 0
         code, out, _ = cli(server, "continuations", "health")
         assert code == 2 and hung2["continuationId"] not in out
-        (command,) = [line.strip() for line in out.splitlines() if refused["continuationId"] in line]
-        assert command.startswith("afterword continuations acknowledge --config ")
+        lines = [line.strip() for line in out.splitlines() if refused["continuationId"] in line]
+        # The reversible steps come first (show, then retry where accepted); acknowledge last.
+        assert lines[0].startswith("afterword continuations show --config "), lines
+        (offer,) = [line for line in lines if "continuations acknowledge " in line]
+        command = offer[offer.index("afterword continuations acknowledge --config ") :]
         done = run_printed(command)
-        assert done.returncode == 0 and done.stdout.strip().endswith("dead_lettered")
+        assert done.returncode == 0 and "acknowledged dead_lettered" in done.stdout
         assert server.status(refused)["acknowledgedAt"] is not None
         code, out, _ = cli(server, "continuations", "health", "--json")
         assert code == 0 and json.loads(out)["causes"] == []
