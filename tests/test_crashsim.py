@@ -337,11 +337,11 @@ def sample_settings(mode: str) -> Settings:
     return Settings(budget=60, recovery_budget=2, fault_budget=8)
 
 
-def test_the_store_workloads_run_the_shipped_configuration() -> None:
+def test_the_store_and_service_workloads_run_the_shipped_configuration() -> None:
     """Only the sizes differ from the defaults (tiny segments, no zero fill, one checkpoint
     thread); the commit mode is whatever ``StoreOptions()`` ships."""
     shipped = StoreOptions()
-    for name in STORE_WORKLOADS:
+    for name in (*STORE_WORKLOADS, "lifecycle", "lifecycle-local", "lifecycle-outbox"):
         options = get_workload(name)(seed=0).options
         wal = options.wal
         assert wal.commit_mode == SHIPPED_MODE
