@@ -11,6 +11,7 @@ import os
 import struct
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ if str(ROOT) not in sys.path:  # tools/ is a top-level folder, not part of the i
     sys.path.insert(0, str(ROOT))
 
 from afterword.disk import Disk, DiskError, FileHandle, OsDisk, StateRoot  # noqa: E402
-from afterword.wal import scan_chain  # noqa: E402
+from afterword.store import StoreOptions  # noqa: E402
+from afterword.wal import COMMIT_MODES, committer, scan_chain  # noqa: E402
+from afterword.wal.committer import Committer  # noqa: E402
 from afterword.wal.scan import SegmentImage  # noqa: E402
 from tools.crashsim import (  # noqa: E402
     PROCESS,
@@ -322,22 +325,87 @@ def test_segment_past_the_end_is_recycled_without_a_seq_gap(scratch: Scratch) ->
     assert result.violations == [], result.violations
 
 
+SHIPPED_MODE = StoreOptions().wal.commit_mode
+STORE_WORKLOADS = ("store-tx", "checkpoint", "blobs")
+
+
+def sample_settings(mode: str) -> Settings:
+    """The shipped mode gets the full CI sample; the other selectable modes a small one (they
+    share everything but the hand-off of a batch to the writing thread)."""
+    if mode == SHIPPED_MODE:
+        return Settings(budget=300, recovery_budget=8, fault_budget=24)
+    return Settings(budget=60, recovery_budget=2, fault_budget=8)
+
+
+def test_the_store_and_service_workloads_run_the_shipped_configuration() -> None:
+    """Only the sizes differ from the defaults (tiny segments, no zero fill, one checkpoint
+    thread); the commit mode is whatever ``StoreOptions()`` ships."""
+    shipped = StoreOptions()
+    for name in (*STORE_WORKLOADS, "lifecycle", "lifecycle-local", "lifecycle-outbox"):
+        options = get_workload(name)(seed=0).options
+        wal = options.wal
+        assert wal.commit_mode == SHIPPED_MODE
+        sized = replace(
+            shipped.wal, segment_size=wal.segment_size, max_payload=wal.max_payload, max_log_bytes=wal.max_log_bytes
+        )
+        assert wal == replace(sized, zero_fill=False)
+        assert replace(options, wal=shipped.wal, checkpoint_threads=shipped.checkpoint_threads) == shipped
+        for mode in COMMIT_MODES:
+            assert get_workload(name)(seed=0, commit_mode=mode).options.wal.commit_mode == mode
+
+
 @pytest.mark.slow
-def test_bounded_sample_of_every_workload_and_model(scratch: Scratch) -> None:
-    """What CI runs: every built-in workload under every default model and a sample of
-    injected I/O errors, each bounded; no violation may appear."""
-    settings = Settings(budget=300, recovery_budget=8, fault_budget=24)
+@pytest.mark.parametrize("mode", COMMIT_MODES)
+def test_bounded_sample_of_every_workload_and_model(mode: str, scratch: Scratch) -> None:
+    """What CI runs, in every commit mode a user can select: every built-in workload under
+    every default model and a sample of injected I/O errors, each bounded; no violation may
+    appear."""
+    settings = sample_settings(mode)
     models, faults = [], []
-    for name in ("store-tx", "checkpoint", "blobs"):
-        workload = get_workload(name)(seed=1)
+    for name in STORE_WORKLOADS:
+        workload = get_workload(name)(seed=1, commit_mode=mode)
         for model in (PROCESS, REORDER, TORN):
             models.append(explore(workload, model, settings, scratch))
         faults.append(run_faults(workload, settings, scratch))
     report = render(models, faults, seconds=0.0)
+    print(f"commit mode {mode}")
     print(report)
     assert all(r.states > 0 for r in models) and all(r.injected > 0 for r in faults)
     assert sum(r.recovery_states for r in models) > 0
     assert not [v for r in models for v in r.violations] + [v for r in faults for v in r.violations], report
+
+
+@pytest.fixture
+def inline_ack_before_fdatasync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted mutant, in the shipped mode's own path: a lone commit written inline on the
+    event loop is acknowledged without its fdatasync (left to whichever later write syncs the
+    segment). Everything else, the threaded batches included, is as shipped."""
+    real_write_inline, real_fdatasync = Committer.write_inline, StateRoot.fdatasync
+    inline = [False]
+
+    def write_inline(self: Committer, items: committer.Items) -> bool:
+        inline[0] = True
+        try:
+            return real_write_inline(self, items)
+        finally:
+            inline[0] = False
+
+    def fdatasync(self: StateRoot, handle: FileHandle) -> None:
+        if not inline[0]:
+            real_fdatasync(self, handle)
+
+    monkeypatch.setattr(Committer, "write_inline", write_inline)
+    monkeypatch.setattr(StateRoot, "fdatasync", fdatasync)
+
+
+@pytest.mark.parametrize("name", ["store-tx", "lifecycle"])
+@pytest.mark.usefixtures("inline_ack_before_fdatasync")
+def test_acknowledging_an_inline_commit_before_its_fdatasync_is_caught(name: str, scratch: Scratch) -> None:
+    workload = get_workload(name)(seed=1)
+    result = explore(workload, REORDER, Settings(budget=120, recovery_budget=0, probe=False), scratch)
+    lost = [v for v in result.violations if v.checker == "acknowledged-lost"]
+    assert lost, f"{name}: an acknowledged inline commit lost by a crash went unnoticed"
+    assert "--state" in lost[0].reproduce()
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ import anyio
 import pytest
 
 from afterword.disk import DiskFailedError, DurabilityError, OsDisk, StateRoot
-from afterword.wal import WalOptions, WriteAheadLog, committer
+from afterword.wal import COMMIT_MODES, WalOptions, WriteAheadLog, committer
+from afterword.wal.testing import inline_by_batch_only
 
 pytestmark = pytest.mark.anyio
 
@@ -129,6 +130,31 @@ async def test_adaptive_mode_backs_off_after_an_inline_write_overran_the_bound(
     assert wal.stats.commits == 5
     wal.close()
     assert _frames(state_dir) == [b"first", b"overran", b"fast 0", b"fast 1", b"fast 2"]
+
+
+async def test_inline_by_batch_only_pins_the_choice_a_slow_disk_would_change(state_dir: str) -> None:
+    """The crash simulator's hook: under it the batch alone decides, so a slow or overrunning
+    write (which would send later lone commits to the writer) changes nothing; the write
+    itself still runs on the loop, fdatasync included, before the commit returns."""
+    disk = ThreadDisk()
+    with inline_by_batch_only():
+        wal = _open(state_dir, disk, "adaptive", inline_max_s=0.01)
+    await wal.commit(b"first")  # starts the segment life, in the writer
+    disk.delay = 0.03  # over the bound: without the hook, the loop would be left at once
+    for i in range(3):
+        await wal.commit(b"slow %d" % i)
+    loop = threading.current_thread().name
+    assert disk.threads == [WRITER, loop, loop, loop]
+    assert wal._committer.inline_overruns == 3  # noted as usual, only not acted on
+    wal.close()
+    assert _frames(state_dir) == [b"first", b"slow 0", b"slow 1", b"slow 2"]
+
+
+def test_the_selectable_commit_modes_are_the_ones_options_accept() -> None:
+    for mode in COMMIT_MODES:
+        assert WalOptions(commit_mode=mode).commit_mode == mode
+    with pytest.raises(ValueError):
+        WalOptions(commit_mode="inline")
 
 
 def test_adaptive_is_the_default_mode() -> None:

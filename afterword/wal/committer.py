@@ -18,12 +18,17 @@ Three ways, chosen by ``WalOptions.commit_mode`` (``docs/performance.md`` has th
 
 Whichever way, ``write_batch`` runs exactly once per batch and its error reaches the
 waiters; a failed fdatasync is never retried (the root is poisoned by ``write_batch``).
+
+The only clock-driven choice, inline or not, can be pinned for a harness that must repeat a run
+exactly (``afterword.wal.testing.inline_by_batch_only``); the writing and acknowledging code
+is the same either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import time
 from collections import deque
@@ -40,6 +45,12 @@ _EWMA = 0.2  # weight of the newest write time in the running estimate
 # estimate alone comes back under the bound after a few fast writes, in the middle of one.
 INLINE_BACKOFF_S = 0.05
 INLINE_BACKOFF_MAX_S = 2.0
+
+# Set through ``afterword.wal.testing.inline_by_batch_only`` (read when a committer is made):
+# in ``adaptive`` the batch alone then decides inline or not, never the measured write time.
+INLINE_BY_BATCH_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "afterword_wal_inline_by_batch_only", default=False
+)
 
 
 class LogWriter:
@@ -135,6 +146,7 @@ class Committer:
         self.inline_overruns = 0  # inline writes that stalled the loop longer than the bound
         self._inline_after = 0.0  # perf_counter time before which nothing is written inline
         self._backoff_s = INLINE_BACKOFF_S
+        self._timing_decides = not INLINE_BY_BATCH_ONLY.get()
         self._writer = LogWriter(self._timed) if mode in ("writer", "adaptive") else None
 
     def _timed(self, items: Items) -> None:
@@ -149,10 +161,13 @@ class Committer:
         """Write ``items`` here, on the event loop, if this mode allows it for this batch now
         (``adaptive``, a batch of one, a fast disk); return whether it did. No await: the
         caller needs no cancel shield around it."""
-        if self.mode != "adaptive" or len(items) != 1 or self.recent_write_s > self.inline_max_s:
+        if self.mode != "adaptive" or len(items) != 1:
+            return False
+        timed = self._timing_decides
+        if timed and self.recent_write_s > self.inline_max_s:
             return False
         began = time.perf_counter()
-        if began < self._inline_after or not self._fits_tail(items):
+        if (timed and began < self._inline_after) or not self._fits_tail(items):
             # A batch that starts a segment life may create a slot (a zero fill of the whole
             # segment) and write the MANIFEST: far over the bound, so never on the loop.
             return False

@@ -9,6 +9,9 @@ from .shadow import SHADOW_OVERHEAD
 
 MiB = 1024 * 1024
 
+# The commit modes a user can select (``committer.py``); the crash simulator tests each of them.
+COMMIT_MODES: tuple[str, ...] = ("adaptive", "writer", "thread")
+
 
 # fsync latency histogram bucket upper bounds, seconds (exponential, as etcd does).
 FSYNC_BUCKETS: tuple[float, ...] = tuple(0.0001 * 2**i for i in range(16))
@@ -37,7 +40,7 @@ class WalOptions:
     inline_commit_max_s: float = 0.0005
 
     def __post_init__(self) -> None:
-        if self.commit_mode not in ("thread", "writer", "adaptive"):
+        if self.commit_mode not in COMMIT_MODES:
             raise ValueError("commit_mode must be 'thread', 'writer' or 'adaptive'")
         if self.segment_size < SEGMENT_HEADER_SIZE + 2 * frame_size(self.max_payload) + SHADOW_OVERHEAD:
             # Every write carries a shadow copy of itself (``shadow.py``), so that damage to

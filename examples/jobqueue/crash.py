@@ -23,15 +23,17 @@ import msgspec
 from afterword.disk import Disk
 from afterword.store import StoreOptions, open_readonly
 from afterword.wal import WalOptions
+from afterword.wal.testing import inline_by_batch_only
 from tools.crashsim import Journal, Workload
 
 from .queue import PREFIX, Job, JobQueue, QueueError
 
 MAX_ATTEMPTS, LEASE_MS, BACKOFF_MS = 2, 10_000, 1_000
 # Small unfilled segments and a small log cap: segments turn over and checkpoints run within a
-# short script. One checkpoint thread keeps the recorded disk log the same on every run.
+# short script. The commit mode is the shipped default; one checkpoint thread and the log's
+# test hook (``run``) keep the recorded disk log the same on every run.
 OPTIONS = StoreOptions(
-    wal=WalOptions(segment_size=2304, max_payload=1024, max_log_bytes=4608, zero_fill=False, commit_mode="thread"),
+    wal=WalOptions(segment_size=2304, max_payload=1024, max_log_bytes=4608, zero_fill=False),
     checkpoint_threads=1,
 )
 
@@ -156,7 +158,8 @@ class JobQueueWorkload(Workload):
             self.script.append(op)
 
     def run(self, state_dir: str, disk: Disk, journal: Journal) -> None:
-        anyio.run(self._run, state_dir, disk, journal)
+        with inline_by_batch_only():  # the inline-or-writer choice from the batch, not the clock
+            anyio.run(self._run, state_dir, disk, journal)
 
     async def _run(self, state_dir: str, disk: Disk, journal: Journal) -> None:
         clock = [0]

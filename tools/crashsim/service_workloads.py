@@ -50,12 +50,11 @@ from afterword.legacy import open_state
 from afterword.protocol.wire import ClaimRequest, ClaimResponse, DetachedClaimRequest, ResultRequest
 from afterword.store import RecordStore, StoreClosedError, StoreOptions
 from afterword.store.keys import CONTINUATION_IDS, RESULT_TOKENS, derive_key
-from afterword.wal import WalOptions
 from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, Worker
 from afterword.worker.channels import OutboxChannel, split_chunks
 from afterword.worker.compose import attach_worker
 
-from .store_workloads import _secret_fingerprint
+from .store_workloads import _secret_fingerprint, in_commit_mode, repeatable_commits, small_options
 from .workloads import Journal, Observation, Workload, WorkloadError, register
 
 # The worker logs interrupted and failed steps at WARNING; without a handler Python would print
@@ -71,16 +70,11 @@ TOKEN_ENV = "AFTERWORD_CRASHSIM_DETACHED_TOKEN"
 ENVIRON = {TOKEN_ENV: "crashsim-detached-bearer-for-tests-only"}  # not a secret: a fixed test value
 CHUNK_CHARS = 80  # the fake channel's limit: the interactive answer takes two posts
 
-# Small unfilled segments keep the log short; one checkpoint thread keeps it reproducible. The
+# Small unfilled segments keep the log short (store_workloads.small_options). The
 # largest transaction (a continuation with its answer) is well under 4 KiB; 16 KiB puts the second
 # segment's creation under a chunk post, so a refused write mid-post is among the fault plans
 # (seed 1, 'truncate#2:ENOSPC:once'; the worker then leaves the record in flight for recovery).
-OPTIONS = StoreOptions(
-    wal=WalOptions(  # "thread": reproducible recordings (see store_workloads.small_options)
-        segment_size=16 * 1024, max_payload=4096, max_log_bytes=1 << 20, zero_fill=False, commit_mode="thread"
-    ),
-    checkpoint_threads=1,
-)
+OPTIONS = small_options(16 * 1024, 4096, 1 << 20)  # the shipped defaults, commit mode included
 
 
 @dataclass(frozen=True)
@@ -478,10 +472,11 @@ async def open_like_open_service(
     *,
     synthesizer: Any,
     channel: Any,
+    options: StoreOptions,
     on_history: Callable[[str], None] = lambda _c: None,
 ) -> Opened:
     """What ``open_service`` does before serving: open, fence/migrate, recover, retention."""
-    store = RecordStore.open(state_dir, disk=disk, options=OPTIONS)
+    store = RecordStore.open(state_dir, disk=disk, options=options)
     try:
         config = make_config(state_dir)
         open_state(store, config)
@@ -595,8 +590,9 @@ class ContinuationLifecycle(Workload):
     local = False  # a remote (model) synthesizer: synthesizing is durable before the call
     outbox = False  # the channel is a recording stand-in that cannot reconcile
 
-    def __init__(self, *, seed: int, ops: int | None = None) -> None:
+    def __init__(self, *, seed: int, ops: int | None = None, commit_mode: str | None = None) -> None:
         super().__init__(seed=seed, ops=ops)
+        self.options = in_commit_mode(OPTIONS, commit_mode)
         self.rng = random.Random(f"{self.name}/{seed}")
         self.chunk_counts = {
             p.label: len(split_chunks(answer_text(payload_of(p, seed)), CHUNK_CHARS)) for p in PARTIES
@@ -647,7 +643,8 @@ class ContinuationLifecycle(Workload):
     # -- Workload interface ----------------------------------------------------------------------
     def run(self, state_dir: str, disk: Disk, journal: Journal) -> None:
         session = _Session(self, state_dir, disk, journal)
-        anyio.run(session.main)
+        with repeatable_commits():
+            anyio.run(session.main)
         lines = outbox_keys(state_dir) if self.outbox else []
         if len(lines) != len(set(lines)):
             raise WorkloadError(f"{self.name}: the outbox holds a delivery key twice: {sorted(lines)}")
@@ -678,7 +675,11 @@ class ContinuationLifecycle(Workload):
 
     async def _recover(self, state_dir: str, disk: Disk | None) -> Verdict:
         opened = await open_like_open_service(
-            state_dir, disk, synthesizer=FakeSynthesizer(local=self.local), channel=self.channel_for(state_dir, disk)
+            state_dir,
+            disk,
+            synthesizer=FakeSynthesizer(local=self.local),
+            channel=self.channel_for(state_dir, disk),
+            options=self.options,
         )
         try:
             return await inspect(opened)
@@ -723,7 +724,9 @@ class ContinuationLifecycle(Workload):
         synth, channel = FakeSynthesizer(local=self.local), self.channel_for(state_dir, None)
         problems: list[str] = []
         try:
-            opened = await open_like_open_service(state_dir, None, synthesizer=synth, channel=channel)
+            opened = await open_like_open_service(
+                state_dir, None, synthesizer=synth, channel=channel, options=self.options
+            )
         except Exception as exc:
             return [f"recovering a copy failed: {type(exc).__name__}: {exc}"]
         try:
@@ -842,6 +845,7 @@ class _Session:
                 self.disk,
                 synthesizer=self.synth,
                 channel=self.channel,
+                options=self.w.options,
                 on_history=self._history,
             )
         except Exception as exc:

@@ -7,10 +7,11 @@ Each is a script of steps over numbered transactions generated from the seed; op
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import hashlib
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -20,7 +21,7 @@ from afterword.blobs import BlobError, BlobStore, blob_digest
 from afterword.disk import Disk, OsDisk, StateRoot, is_temp_name
 from afterword.store import Delete, Put, RecordStore, StoreError, StoreOptions
 from afterword.store.codec import decode_record
-from afterword.wal import WalOptions
+from afterword.wal.testing import inline_by_batch_only
 
 from .workloads import Journal, Observation, Workload, WorkloadError, register
 
@@ -69,31 +70,43 @@ RecordView = tuple[int, bytes, tuple[str, ...]]
 
 
 def small_options(segment_size: int, max_payload: int, max_log_bytes: int) -> StoreOptions:
-    """Tiny, unfilled segments keep logs small and make segment turnover frequent.
+    """The shipped defaults (commit mode included), with tiny unfilled segments: logs stay
+    small and segment turnover is frequent.
 
     One checkpoint thread keeps the order of record-file writes, and so the log, the same on
     every run (with several threads the log is still valid, only not reproducible)."""
-    # commit_mode "thread": a recording must be the same on every run (state ids replay), and
-    # with the dedicated writer a write finishing fast can reach the loop before or after the
-    # committers that would join the next batch, so batches (and recordings) vary.
-    wal = WalOptions(
-        segment_size=segment_size,
-        max_payload=max_payload,
-        max_log_bytes=max_log_bytes,
-        zero_fill=False,
-        commit_mode="thread",
+    shipped = StoreOptions()
+    wal = replace(
+        shipped.wal, segment_size=segment_size, max_payload=max_payload, max_log_bytes=max_log_bytes, zero_fill=False
     )
-    return StoreOptions(wal=wal, checkpoint_threads=1)
+    return replace(shipped, wal=wal, checkpoint_threads=1)
+
+
+def in_commit_mode(options: StoreOptions, commit_mode: str | None) -> StoreOptions:
+    """``options`` with another user-selectable commit mode (None: as they are)."""
+    if commit_mode is None:
+        return options
+    return replace(options, wal=replace(options.wal, commit_mode=commit_mode))
+
+
+@contextlib.contextmanager
+def repeatable_commits() -> Iterator[None]:
+    """Run the store as shipped, except that the one clock-driven choice of the commit path
+    (whether ``adaptive`` writes a lone commit inline) is pinned, so a recording, and with it
+    every state id, is the same on every run. Through the log's exported test hook."""
+    with inline_by_batch_only():
+        yield
 
 
 class StoreWorkload(Workload):
     """Base of the record-store workloads: a script of steps over numbered transactions."""
 
-    options: ClassVar[StoreOptions] = small_options(704, 256, 1 << 20)
+    options: StoreOptions = small_options(704, 256, 1 << 20)
     blob_quota: ClassVar[int | None] = None  # open a BlobStore beside the records
 
-    def __init__(self, *, seed: int, ops: int | None = None) -> None:
+    def __init__(self, *, seed: int, ops: int | None = None, commit_mode: str | None = None) -> None:
         super().__init__(seed=seed, ops=ops)
+        self.options = in_commit_mode(self.options, commit_mode)
         self.rng = random.Random(f"{self.name}/{seed}")
         self.txns: list[Txn] = []
         self.steps: list[Step] = []
@@ -123,7 +136,8 @@ class StoreWorkload(Workload):
 
     # Workload interface
     def run(self, state_dir: str, disk: Disk, journal: Journal) -> None:
-        _StoreSession(self, state_dir, disk, journal).run()
+        with repeatable_commits():
+            _StoreSession(self, state_dir, disk, journal).run()
 
     def expect(self, committed: Sequence[int]) -> dict[str, RecordView]:
         state: dict[str, RecordView] = {}
@@ -339,8 +353,12 @@ class _StoreSession:
         return bool(digests) and (self.blobs is None or any(d not in self.blobs for d in digests))
 
     def commit_sync(self, op: int) -> int:
-        assert self.store is not None
-        lsn = self.store.transact_sync(self.w.txns[op - 1].mutations())
+        """A lone commit through the event-loop path the service uses (``transact``, and so
+        the configured commit mode: a lone ``adaptive`` commit is written inline), not the
+        synchronous path of tools and migrations."""
+        store = self.store
+        assert store is not None
+        lsn = anyio.run(functools.partial(store.transact, self.w.txns[op - 1].mutations()))
         self.after_commit(op, lsn)
         return lsn
 
