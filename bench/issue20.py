@@ -41,7 +41,7 @@ OWN_CPU_BEFORE_MS = {1: 4.05, 32: 2.5}
 WAL_EVIDENCE = "#how-the-leader-gets-a-batch-written-waloptionscommit_mode"
 OPEN_EVIDENCE = "#store-open-issue-20"
 SERVICE_OPEN_EVIDENCE = "#the-services-start-tombstones-stay-unread"
-REPLAY_EVIDENCE = "#replay-from-the-segment-bytes-the-transaction-pass-in-c"
+REPLAY_EVIDENCE = "#one-replay-path-in-python-issue-34"
 E2E_EVIDENCE = "#folded-worker-commits-and-a-group-committed-outbox-item-2-built"
 CPU_EVIDENCE = "#afterwords-own-work-per-continuation-items-3-and-4"
 

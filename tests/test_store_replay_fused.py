@@ -1,20 +1,24 @@
-"""Replay at open (``CommittedState.replay``) is one fused loop that hashes each (key, version)
-once; it must leave exactly the state and the evidence that the step-by-step path leaves
-(``ReplayCheck.op`` per operation, then ``CommittedState.apply``), including for logs that do
-not match the records (wrong priors, skipped after-images, unread catalogued records)."""
+"""Replay at open (``CommittedState.replay``) is one pass that hashes only the digest terms
+that do not cancel; it must leave exactly the state and the evidence that the definition
+leaves, operation by operation (``_step`` below: subtract the prior's hash, add the put's,
+then ``CommittedState.apply``), including for logs that do not match the records (wrong
+priors, skipped after-images, unread catalogued records). Watchers subscribe after it."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afterword.store import native
+import afterword
 from afterword.store.catalog import CatalogEntry
 from afterword.store.codec import Op, RecordImage, decode_tx, encode_tx
 from afterword.store.evidence import ReplayCheck
 from afterword.store.memory import CommittedState
+from afterword.store.types import Record
 from afterword.wal.frame import FRAME_HEADER_SIZE, Frame, encode_frame
 from afterword.wal.frames import LogFrames, Run
 
@@ -68,7 +72,22 @@ def _check(state: CommittedState, digest: str, count: int) -> ReplayCheck:
     )
 
 
-@settings(max_examples=150, deadline=None)
+def _step(state: CommittedState, check: ReplayCheck, frames: list[Frame]) -> None:
+    """What replay means, one operation at a time."""
+    for frame in frames:
+        ops = decode_tx(frame.payload).ops
+        for op in ops:
+            if check.expected is not None:
+                if op.prior:
+                    check.expected.remove(op.key, op.prior)
+                if op.value is not None:
+                    check.expected.add(op.key, frame.lsn)
+            if op.value is not None:
+                check.newer.discard((op.key, frame.lsn))
+        state.apply(frame.lsn, ops)
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     files=loaded_st,
     catalogued=loaded_st,
@@ -76,34 +95,22 @@ def _check(state: CommittedState, digest: str, count: int) -> ReplayCheck:
     start=st.integers(min_value=1, max_value=6),
     manifest_off=st.booleans(),
     cuts=st.sets(st.integers(min_value=1, max_value=7), max_size=3),
-    c_pass=st.booleans(),
 )
-def test_fused_replay_matches_step_by_step(
+def test_replay_matches_the_operation_by_operation_definition(
     files: dict[str, int],
     catalogued: dict[str, int],
     txs: list[list[Op]],
     start: int,
     manifest_off: bool,
     cuts: set[int],
-    c_pass: bool,
 ) -> None:
     frames = [Frame(0, start + i, start + i, encode_tx(tuple(ops)), 0) for i, ops in enumerate(txs)]
     step, fused = _state(files, catalogued), _state(files, catalogued)
     digest = "" if manifest_off else step.digest.text()
     step_check, fused_check = _check(step, digest, step.digest.count), _check(fused, digest, fused.digest.count)
 
-    for frame in frames:
-        ops = decode_tx(frame.payload).ops
-        for op in ops:
-            step_check.op(frame.lsn, op.key, op.value is not None, op.prior)
-        step.apply(frame.lsn, ops)
-    saved = native.fast_first_pass
-    if not c_pass:
-        native.fast_first_pass = None  # the msgspec pass (as without a compiler)
-    try:
-        fused.replay(_in_runs(frames, cuts), fused_check)  # as the log hands them over
-    finally:
-        native.fast_first_pass = saved
+    _step(step, step_check, frames)
+    fused.replay(_in_runs(frames, cuts), fused_check)  # as the log hands them over
 
     assert fused.digest == step.digest
     assert fused_check.expected == step_check.expected
@@ -114,10 +121,34 @@ def test_fused_replay_matches_step_by_step(
     assert +fused.blob_refs == +step.blob_refs
 
 
-def test_fused_replay_tells_watchers_like_apply() -> None:
-    seen: list[tuple[str, int | None, int | None]] = []
+def test_replay_runs_before_any_watcher_subscribes() -> None:
+    """The step-by-step path that told watchers of each replayed change is gone: a state
+    that has a watcher refuses to replay."""
     state = CommittedState()
-    state.watch("", lambda key, old, new: seen.append((key, old and old.lsn, new and new.lsn)))
-    frames = [Frame(0, 1, 1, encode_tx((Op("a", b"x"),)), 0), Frame(0, 2, 2, encode_tx((Op("a", None, prior=1),)), 0)]
-    state.replay(frames, _check(state, state.digest.text(), 0))
-    assert seen == [("a", None, 1), ("a", 1, None)]
+    state.watch("", lambda key, old, new: None)
+    frames = [Frame(0, 1, 1, encode_tx((Op("a", b"x"),)), 0)]
+    with pytest.raises(AssertionError, match="watchers subscribe after replay"):
+        state.replay(frames, _check(state, state.digest.text(), 0))
+    assert state.records == {}
+
+
+def test_a_watcher_subscribing_after_replay_is_told_the_replayed_records() -> None:
+    state = CommittedState()
+    frames = [
+        Frame(0, 1, 1, encode_tx((Op("a", b"x"), Op("b", b"y"))), 0),
+        Frame(0, 2, 2, encode_tx((Op("a", None, prior=1),)), 0),
+        Frame(0, 3, 3, encode_tx((Op("b", b"z", prior=1),)), 0),
+    ]
+    check = _check(state, state.digest.text(), 0)
+    state.replay(frames, check)
+    check.finish(state.digest)
+    seen: list[tuple[str, Record | None, int | None]] = []
+    state.watch("", lambda key, old, new: seen.append((key, old, new and new.lsn)))
+    assert seen == [("b", None, 3)]
+
+
+def test_replay_has_one_implementation_and_it_is_python() -> None:
+    """No compiled replay beside this one: no C source in the package, no switch to choose."""
+    package = Path(afterword.__file__).parent
+    assert sorted(p.name for p in package.rglob("*.c")) == []
+    assert not any("AFTERWORD_PURE_PYTHON_SCAN" in p.read_text() for p in package.rglob("*.py"))

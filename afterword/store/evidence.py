@@ -111,7 +111,10 @@ def check_secret(path: str, secret: bytes | None, expected: str) -> None:
 class ReplayCheck:
     """Carries the MANIFEST's promises through replay; :meth:`finish` compares the result.
 
-    ``loaded`` maps each key read from a record file to its version.
+    ``loaded`` maps each key read from a record file to its version. Replay
+    (``replay.py``) carries ``expected`` forward: minus ``h(key, prior)`` for each
+    operation, plus ``h(key, lsn)`` for each put, and strikes from ``newer`` each record
+    file a put reproduces.
     """
 
     def __init__(self, *, records_path: str, checkpoint_lsn: int, digest: str, count: int,
@@ -120,15 +123,6 @@ class ReplayCheck:
         self.expected = Digest.parse(digest, count) if digest else None
         # Record files newer than the checkpoint must each be reproduced by replay.
         self.newer = {(key, lsn) for key, lsn in loaded.items() if lsn > checkpoint_lsn}
-
-    def op(self, lsn: int, key: str, value_present: bool, prior: int) -> None:
-        if self.expected is not None:
-            if prior:
-                self.expected.remove(key, prior)
-            if value_present:
-                self.expected.add(key, lsn)
-        if value_present and self.newer:
-            self.newer.discard((key, lsn))
 
     def finish(self, actual: Digest) -> None:
         if self.newer:

@@ -3,8 +3,8 @@
 ``CommittedState`` holds every record as of the last durable commit, the set changed since the
 last checkpoint, how many records reference each blob, the running digest of every
 ``(key, version)`` (the MANIFEST's ``record_digest`` evidence), and the watchers told about
-each change. The store applies a transaction only after the fsync that covers it, and replay
-applies the log's transactions through the same :meth:`apply`.
+each change. The store applies a transaction only after the fsync that covers it
+(:meth:`apply`); an open replays the log once (:meth:`replay`), before any watcher exists.
 
 Records an open found in the checkpoint catalog start *unread*: their key, version and blob
 references are known, their bytes stay in their record file until a read asks for them
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from ..wal.frame import Frame
 from ..wal.frames import LogFrames
 from .catalog import CatalogEntry, CatalogSource
-from .codec import Op, RecordImage, decode_tx
+from .codec import Op, RecordImage
 from .evidence import Digest, ReplayCheck
 from .replay import replay_last_images
 from .types import Record, Summarizer, Watcher
@@ -186,22 +186,14 @@ class CommittedState:
 
     def replay(self, frames: LogFrames | Iterable[Frame], check: ReplayCheck) -> None:
         """Apply the log's transactions at open (``frames`` in increasing lsn order, as the
-        log gives them), carrying ``check`` along: the result is exactly that of
-        ``check.op`` for each operation followed by :meth:`apply` for each frame.
+        log gives them), carrying ``check`` along (``replay.py``: one record per key, and
+        only the digest terms that do not cancel are hashed).
 
-        With no watcher to tell about each change, only each key's last operation shapes
-        the state, so ``replay.py`` builds one record per key and hashes only what does not
-        cancel out. Watchers (none at open) get every change through the step-by-step path.
+        Replay runs before anything can watch: a watcher subscribes after it and is told of
+        every record then (:meth:`watch`), so no change needs to be told one by one here.
         """
-        if not self.watchers:
-            replay_last_images(frames, check, self.records, self.unread, self.dirty, self.blob_refs, self.digest)
-            return
-        items = frames.payloads() if isinstance(frames, LogFrames) else ((f.lsn, f.payload) for f in frames)
-        for lsn, payload in items:
-            ops = decode_tx(payload).ops
-            for op in ops:
-                check.op(lsn, op.key, op.value is not None, op.prior)
-            self.apply(lsn, ops)
+        assert not self.watchers, "watchers subscribe after replay"
+        replay_last_images(frames, check, self.records, self.unread, self.dirty, self.blob_refs, self.digest)
 
     def _forget_unread(self, key: str, lsn: int) -> bool:
         """Drop an unread record that transaction ``lsn`` replaces; True if ``lsn`` is older

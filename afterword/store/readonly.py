@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from ..disk import Disk, DiskError, StateRoot, UnsafeStateError
 from ..wal import NamedSegment, WalError
 from ..wal.reader import read_chain
-from .codec import Manifest, Op, RecordImage, decode_tx
+from .codec import Manifest, RecordImage
 from .errors import StoreError
-from .evidence import Digest, ReplayCheck, check_secret
+from .evidence import ReplayCheck, check_secret
 from .loading import (
     MANIFEST,
     RECORDS,
@@ -36,6 +36,7 @@ from .loading import (
     read_manifest,
     read_secret,
 )
+from .memory import CommittedState
 from .store import StoreOptions
 from .usage import refuse_if_used
 
@@ -163,22 +164,11 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
         count=manifest.record_count,
         loaded={key: rec.lsn for key, rec in records.items()},
     )
-    lsn = manifest.checkpoint_lsn
-    for lsn, payload in frames.payloads():
-        ops = decode_tx(payload).ops
-        for op in ops:
-            check.op(lsn, op.key, op.value is not None, op.prior)
-        _apply(records, lsn, ops)
-    check.finish(Digest.of((key, rec.lsn) for key, rec in records.items()))
-    return StoreView(root=root, manifest=manifest, secret=secret, lsn=lsn, records=records)
+    state = CommittedState()
+    state.load(records)
+    state.replay(frames, check)  # the open's one replay path
+    check.finish(state.digest)
+    assert frames.first_lsn == manifest.checkpoint_lsn + 1, "the log continues the checkpoint"
+    lsn = frames.first_lsn + len(frames) - 1
+    return StoreView(root=root, manifest=manifest, secret=secret, lsn=lsn, records=state.records)
 
-
-def _apply(records: dict[str, Record], lsn: int, ops: tuple[Op, ...]) -> None:
-    for op in ops:
-        old = records.get(op.key)
-        if old is not None and old.lsn >= lsn:
-            continue  # an older after-image than the record file: idempotent skip
-        if op.value is None:
-            records.pop(op.key, None)
-        else:
-            records[op.key] = RecordImage(op.key, lsn, op.value, op.blobs)

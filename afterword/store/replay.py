@@ -1,26 +1,24 @@
-"""Replay of the log at open: the per-operation pass does no hashing and builds no record.
+"""Replay of the log at open: one pass in Python, before any watcher subscribes.
 
-A log of tens of thousands of transactions over a few thousand keys overwrites most keys
-many times, and what replay must produce depends only on each key's last operation:
+What replay must produce depends only on each key's last operation, and on the digests:
 
 * **State.** Log lsns only grow, so a key's last operation is its newest; it applies exactly
-  when it is newer than the key's version before replay (the record file or catalog entry),
+  when it is newer than the key's version before replay (its record file or catalog entry),
   and then every earlier operation on the key applied too. One record image is built per
-  key, from its last after-image (``RecordImage`` for the earlier ones would be dropped).
-  The pass over the log keeps only each key's last lsn (a plain int: holding each key's
-  decoded operation kept ~10 MiB of values alive and cost more than decoding the ~10,000
-  final transactions a second time at the end).
-* **The MANIFEST's digest carried forward** (``ReplayCheck``): every operation subtracts the
-  hash of ``(key, prior)`` and every put adds the hash of ``(key, lsn)``. When an operation's
-  prior is the version the key's previous put wrote (what a sound log always holds), the
-  two terms cancel, so neither is hashed; a prior that does not match is hashed as it is,
-  so the sum, and hence what :meth:`ReplayCheck.finish` decides, is unchanged.
-* **The state's own digest**: the versions replaced in between cancel the same way; what
-  remains is minus each replaced pre-replay version plus each key's final version.
+  key, from its last after-image. The pass over the log keeps only each key's last lsn (a
+  plain int: holding each key's decoded operation kept ~10 MiB of values alive and cost more
+  than decoding the ~10,000 final transactions a second time at the end).
+* **The MANIFEST's digest carried forward** (``ReplayCheck``): each operation subtracts
+  ``h(key, prior)`` and each put adds ``h(key, lsn)``. See :func:`_last_ops` for why only
+  the ends of each chain of operations on a key are hashed.
+* **The state's own digest**: minus each replaced pre-replay version, plus each key's final
+  version (a version written and replaced within the log is added and removed: neither is
+  hashed).
 
-Sums are modulo 2**128 and commute, so the digests equal the step-by-step path's
-(``ReplayCheck.op`` then ``CommittedState.apply`` per operation, which watchers still get,
-and which ``tests/test_store_replay_fused.py`` compares this with).
+Sums are modulo 2**128 and commute, so the order of the terms does not matter.
+``tests/test_store_replay_fused.py`` holds the per-operation definition (subtract the prior,
+add the put, apply the after-image) and checks this pass against it on generated logs,
+including logs that do not match their records.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ import xxhash
 
 from ..wal.frame import Frame
 from ..wal.frames import LogFrames
-from . import native
 from .catalog import CatalogEntry
 from .codec import Op, RecordImage, _tx_decoder
 from .errors import StoreCorruptError
@@ -50,32 +47,27 @@ def replay_last_images(
     blob_refs: Counter[str],
     digest: Digest,
 ) -> None:
-    """Bring a ``CommittedState``'s parts (it has no watchers) through ``frames``, in
-    increasing lsn order, carrying ``check`` along; nothing changes if a transaction cannot
-    be decoded."""
+    """Bring a ``CommittedState``'s parts through ``frames`` (increasing lsn order), carrying
+    ``check`` along; nothing changes if a transaction cannot be decoded."""
     h = xxhash.xxh3_128_intdigest
     decode = _tx_decoder.decode
     # Payloads are decoded straight from the segment images (spans, no copies).
     frames = frames if isinstance(frames, LogFrames) else LogFrames.from_frames(frames)
-    # key -> lsn of its last operation so far: positive for a put (whose hash is owed to the
-    # MANIFEST's digest until the next operation on the key cancels it or not), negative for
-    # a delete.
-    last: dict[str, int] = {}
-    e_added = e_removed = e_count = 0  # the MANIFEST's digest: terms that did not cancel
+    last: dict[str, int] = {}  # key -> lsn of its last operation; negative for a delete
     try:
         if check.newer:
             _reproduce_newer(frames, check.newer)
-        fast = native.fast_first_pass
-        odd = fast(list(frames.by_run()), frames.first_lsn, last) if fast is not None else None
-        if odd is None:  # no C pass, or a log it does not read: msgspec decides
-            last.clear()
-            odd = _first_pass(frames, last)
+        chain_ends = _last_ops(frames, last)
     except msgspec.DecodeError as exc:
         raise StoreCorruptError(f"undecodable transaction: {exc}") from None
-    it = iter(odd)
-    for key, owed, prior in zip(it, it, it, strict=True):
-        if owed:
-            e_added += h(key.encode() + b"\0" + owed.to_bytes(8, "little"))
+    assert len(chain_ends) % 3 == 0, "chain ends come as (key, put kept, prior subtracted)"
+
+    # The MANIFEST's digest: the ends of the chains broken inside the log...
+    e_added = e_removed = e_count = 0
+    it = iter(chain_ends)
+    for key, put_kept, prior in zip(it, it, it, strict=True):
+        if put_kept:
+            e_added += h(key.encode() + b"\0" + put_kept.to_bytes(8, "little"))
             e_count += 1
         if prior:
             e_removed += h(key.encode() + b"\0" + prior.to_bytes(8, "little"))
@@ -83,16 +75,17 @@ def replay_last_images(
 
     dirty_add = dirty.add
     added = removed = n_added = n_removed = 0
-    # Each key's last operation, read again from its transaction (decoded once above, so
-    # this cannot fail half-way). Nothing is kept per key but its lsn: 10,000 tuples alive
+    # ...and each key's last operation, read again from its transaction (decoded once above,
+    # so this cannot fail half-way). Nothing is kept per key but its lsn: 10,000 tuples alive
     # here were enough to set off a full garbage collection in the middle of an open.
     first = frames.first_lsn
     span = frames.spans
     owners = frames.owners() if last else []  # frame index -> view of its buffer
     several: dict[int, tuple[Op, ...]] = {}  # transactions of more than one operation
     for key, signed in last.items():
-        owed = signed > 0
-        lsn = signed if owed else -signed
+        is_put = signed > 0
+        lsn = signed if is_put else -signed
+        assert first <= lsn < first + len(frames), "a key's last lsn is one of the frames'"
         ops = several.get(lsn)
         if ops is None:
             at = lsn - first  # lsns are contiguous from the first frame
@@ -100,10 +93,9 @@ def replay_last_images(
             if len(ops) > 1:
                 several[lsn] = ops
         op = ops[0] if len(ops) == 1 else _applied(ops, key)
-        hn = 0
-        if op.value is not None or owed:
-            hn = h(key.encode() + b"\0" + lsn.to_bytes(8, "little"))
-        if owed:
+        # (A transaction naming the key twice can end on a delete after the put that applies.)
+        hn = h(key.encode() + b"\0" + lsn.to_bytes(8, "little")) if is_put or op.value is not None else 0
+        if is_put:  # the last put on a key: no later prior subtracts it
             e_added += hn
             e_count += 1
         old = records.get(key)
@@ -142,14 +134,21 @@ def replay_last_images(
         check.expected.merge(Digest(e_added - e_removed, e_count))
 
 
-def _first_pass(frames: LogFrames, last: dict[str, int]) -> list[Any]:
+def _last_ops(frames: LogFrames, last: dict[str, int]) -> list[Any]:
     """Fill ``last`` (key -> lsn of its last operation, negative for a delete) and return,
-    flat, ``key, owed, prior`` for each operation whose prior is not the put just before it
-    on the key: ``owed`` the previous put's lsn whose hash no prior cancelled (else 0),
-    ``prior`` the prior to subtract (else 0). What a sound log holds costs nothing here."""
+    flat, ``key, put_kept, prior`` for each place a chain of operations on a key breaks.
+
+    Why so few hashes: on one key, an operation whose prior is the lsn of the put just before
+    it subtracts exactly the term that put added, so a sound chain ``put@a, put@b (prior a),
+    delete@c (prior b)`` sums to ``-h(first prior)`` and nothing else: the middle terms
+    telescope away. Only where the chain breaks do terms stay: the first operation on a key
+    (its prior is subtracted), a prior that is not the put just before it (that put stays
+    added, ``put_kept``, and the prior is subtracted), a key named twice in one transaction.
+    The last put on each key stays added too; the caller hashes it with the record it makes.
+    """
     decode = _tx_decoder.decode
     get = last.get
-    odd: list[Any] = []
+    chain_ends: list[Any] = []  # flat: no tuple per entry for the collector to track
     lsn = frames.first_lsn - 1
     for view, spans in frames.by_run():
         it = iter(spans)
@@ -157,28 +156,24 @@ def _first_pass(frames: LogFrames, last: dict[str, int]) -> list[Any]:
             lsn += 1
             for op in decode(view[start:end]).ops:
                 key = op.key
-                prev = get(key)
+                prev = get(key)  # the key's previous operation: > 0 a put, < 0 a delete
                 last[key] = lsn if op.value is not None else -lsn
                 if prev is not None and op.prior == prev > 0 and prev != lsn:
-                    continue  # what a sound log holds: the prior is the put just before
-                # Everything else: the first operation on a key, a prior that does not match,
-                # a key named twice in one transaction.
+                    continue  # the chain goes on: this prior cancels that put
+                put_kept = prev if prev is not None and prev > 0 else 0
                 prior = op.prior
-                owed = 0
-                if prev is not None and prev > 0:
-                    if prior == prev:
-                        prior = 0  # cancels the owed hash: neither is hashed
-                    else:
-                        owed = prev
-                if owed or prior:
-                    odd += (key, owed, prior)
-    return odd
+                if put_kept and prior == put_kept:
+                    put_kept = prior = 0  # same transaction, same key: still cancels
+                if put_kept or prior:
+                    chain_ends += (key, put_kept, prior)
+    return chain_ends
 
 
 def _applied(ops: tuple[Op, ...], key: str) -> Op:
-    """Of a transaction that names ``key`` more than once (no sound log does), the
-    operation that leaves it as step-by-step replay would: a put makes the record that lsn's,
-    so later operations on the key in the same transaction are skipped; deletes all apply."""
+    """Of a transaction that names ``key`` more than once (no sound log does), the operation
+    that leaves it as applying the operations one by one would: a put makes the record that
+    lsn's, so later operations on the key in the same transaction are skipped; deletes all
+    apply."""
     mine = [op for op in ops if op.key == key]
     return next((op for op in mine if op.value is not None), mine[-1])
 

@@ -29,8 +29,6 @@ from typing import NamedTuple
 
 import xxhash
 
-from .native import fast_find_aligned, fast_read_spans
-
 SEGMENT_MAGIC_V3 = b"AWWAL\x03\x00\x00"
 SEGMENT_MAGIC = b"AWWAL\x04\x00\x00"
 SEGMENT_VERSIONS = {SEGMENT_MAGIC_V3: 3, SEGMENT_MAGIC: 4}
@@ -122,15 +120,7 @@ def decode_frame_at(data: bytes | memoryview, offset: int, salt: int, max_payloa
 
 def find_aligned(data: bytes, pattern: bytes, start: int) -> int:
     """The first offset at or after ``start`` on the 8-byte grid where ``data`` holds
-    ``pattern``, or -1: only grid offsets can start a frame or a shadow. In C when it is built
-    (``native.py``): these searches cover the rest of a segment after the end of the log."""
-    fast = fast_find_aligned  # a module global, so a test can turn the C loop off
-    if fast is not None and start >= 0:
-        return fast(data, pattern, start)
-    return find_aligned_py(data, pattern, start)
-
-
-def find_aligned_py(data: bytes, pattern: bytes, start: int) -> int:
+    ``pattern``, or -1: only grid offsets can start a frame or a shadow."""
     pos = data.find(pattern, start)
     while pos != -1 and pos % ALIGN:
         pos = data.find(pattern, pos + 1)
@@ -144,32 +134,13 @@ def is_end_marker(data: bytes | memoryview, offset: int) -> bool:
     return bool(_U64.unpack_from(data, offset)[0] == 0)
 
 
-_U63 = 1 << 63
-
-
 def read_spans(data: bytes, offset: int, salt: int, expect: int, max_payload: int, spans: array[int]) -> tuple[int, int]:
     """Append to ``spans`` the payload span ``(start, end)`` in ``data`` of each frame at
     ``offset`` on whose lsns continue from ``expect``; return where the run stopped and the
-    next expected lsn. Nothing is copied out of ``data`` and no object is made per frame.
-
-    The C loop (``native.py``) when it is built, else :func:`read_spans_py`; both stop at
-    the same frame and give the same spans (``tests/test_wal_fastscan.py``).
-    """
-    fast = fast_read_spans  # a module global, so a test can turn the C loop off
-    if fast is not None and offset >= 0 and 0 <= expect < _U63 and 0 <= salt < _U63 << 1:
-        max_payload = min(max_payload, _U63 - 1)
-        offset, expect, packed = fast(data, offset, salt, expect, max_payload, xxhash.xxh3_64_intdigest)
-        spans.frombytes(packed)
-        return offset, expect
-    return read_spans_py(data, offset, salt, expect, max_payload, spans)
-
-
-def read_spans_py(
-    data: bytes, offset: int, salt: int, expect: int, max_payload: int, spans: array[int]
-) -> tuple[int, int]:
-    """:func:`read_spans` in Python: one ``unpack_from`` per frame, hashing straight from a
-    memoryview of the segment with one reused hasher. Stops exactly where
-    :func:`decode_frame_at` would reject the frame or its lsn is not the expected one.
+    next expected lsn. Nothing is copied out of ``data`` and no object is made per frame:
+    one ``unpack_from`` per frame, hashing straight from a memoryview of the segment with one
+    reused hasher. Stops exactly where :func:`decode_frame_at` would reject the frame or its
+    lsn is not the expected one (``tests/test_wal_read_spans.py``).
     """
     view = memoryview(data)
     unpack = _FRAME_WITH_CHECK.unpack_from

@@ -1,3 +1,0 @@
-from typing import Any
-
-def first_pass(runs: list[Any], first_lsn: int, last: dict[str, int], /) -> list[Any] | None: ...
