@@ -36,6 +36,9 @@ class CheckpointImage:
 def write_checkpoint(root: StateRoot, manifests: ManifestKeeper, image: CheckpointImage, threads: int) -> None:
     """Record files, then the catalog, then the MANIFEST naming both: a crash before the last
     write leaves the previous MANIFEST in force, and the log still covers everything."""
+    # The catalog lists every record the digest counts: the MANIFEST's record_count.
+    assert len(image.catalog.records) + len(image.catalog.unread) == image.digest.count
+    assert not image.catalog.records.keys() & image.catalog.unread.keys(), "a record is read or unread"
     write_record_files(root, image.snapshot, threads)
     catalog = write_catalog(root, image.lsn, image.catalog)
     manifests.write(
@@ -54,6 +57,7 @@ def write_record_files(root: StateRoot, snapshot: dict[str, Record | None], thre
 
     def put(item: tuple[str, Record]) -> None:
         key, rec = item
+        assert rec.key == key, "a record file is named after its own key"
         root.write_atomic(f"{RECORDS}/{record_file_name(key)}", encode_record(rec), sync_dir=False)
 
     if writes:

@@ -101,6 +101,7 @@ def record_names(root: StateRoot) -> tuple[list[str], list[str]]:
         temporaries = [name for name in listed if is_temp_name(name)]
         names = [name for name in listed if not is_temp_name(name)]
         joined = "\0" + "\0".join(names) + "\0"
+    assert len(names) + len(temporaries) == len(listed)
     if joined.count(".rec\0") != len(names):
         for name in names:
             if not name.endswith(".rec"):

@@ -83,6 +83,10 @@ def recover(root: StateRoot, options: StoreOptions, state: CommittedState) -> Re
         high_water=high_water,
     )
     manifests.wal = wal
+    # The log continues the checkpoint, and reaches every lsn the MANIFEST saw acknowledged
+    # (WriteAheadLog.open refuses otherwise).
+    assert frames.first_lsn == manifest.checkpoint_lsn + 1
+    assert frames.first_lsn + len(frames) - 1 >= manifest.acked_lsn
     try:
         state.replay(frames, check)
         check.finish(state.digest)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from .errors import WalCorruptError, WalEvidenceError
 from .frame import (
+    ALIGN,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     Frame,
@@ -129,6 +130,7 @@ def scan_chain(
         seg_first = len(frames)
         while True:
             offset, expect = read_spans(data, offset, header.salt, expect, max_payload, frames.spans)
+            assert offset % ALIGN == 0 and offset >= SEGMENT_HEADER_SIZE, "frames start on the grid"
             if header.version < 4:
                 break
             shadow = find_shadow(data, header.salt, offset, expect)
@@ -145,9 +147,13 @@ def scan_chain(
         leftovers, hit_end = _our_frames_after(data, offset, header.salt, max_payload)
         if leftovers or hit_end > offset:
             _check_leftovers(leftovers, expect, image.slot)
+            assert offset <= hit_end <= len(data), "the cut lies inside the segment, after the log"
             repair = Repair(image.slot, offset, hit_end)
             ended = True
     live = [h.seq for h, img in chain if img.slot not in free_slots]
+    # Lsns are contiguous from the checkpoint: frame i has lsn checkpoint_lsn + 1 + i.
+    assert frames.first_lsn == checkpoint_lsn + 1 and expect == frames.first_lsn + len(frames)
+    assert tail_slot is None or tail_slot not in free_slots, "writing continues in the live chain"
     return ReplayPlan(
         frames=frames,
         next_lsn=expect,
