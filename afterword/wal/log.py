@@ -21,8 +21,9 @@ from .frame import SEGMENT_HEADER_SIZE
 from .frames import LogFrames
 from .highwater import HighWater
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
-from .recovery import RecoveringLog
+from .recovery import recover
 from .scan import NamedSegment
+from .segments import SegmentLog
 
 __all__ = ["FSYNC_BUCKETS", "WalOptions", "WalStatistics", "WriteAheadLog"]
 
@@ -50,7 +51,7 @@ class _Batch:
             woken.set()
 
 
-class WriteAheadLog(RecoveringLog):
+class WriteAheadLog(SegmentLog):
     """A bounded write-ahead log in ``<root>/<rel_dir>``; open it with :meth:`open`."""
 
     def __init__(self, root: StateRoot, rel_dir: str, options: WalOptions) -> None:
@@ -93,7 +94,15 @@ class WriteAheadLog(RecoveringLog):
         """
         wal = cls(root, rel_dir, options or WalOptions())
         try:
-            frames = wal._recover(start_seq, checkpoint_lsn, list(named), acked_lsn, before_free, high_water)
+            frames = recover(  # recovery.py (F2)
+                wal,
+                start_seq=start_seq,
+                checkpoint_lsn=checkpoint_lsn,
+                named=list(named),
+                acked_lsn=acked_lsn,
+                before_free=before_free,
+                high_water=high_water,
+            )
         except BaseException:
             wal.close()  # a refused open must not leak segment descriptors
             if high_water is not None:

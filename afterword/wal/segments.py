@@ -7,10 +7,11 @@ build on it.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..disk import FileHandle, StateRoot, StorageFullError
@@ -62,6 +63,46 @@ class SegmentLog:
 
     def _slot_rel(self, slot: int) -> str:
         return f"{self.rel_dir}/{slot:08d}{SEGMENT_SUFFIX}"
+
+    # -- what recovery.py uses: its only way into the slots and the chain --------------------
+    def slot_rel(self, slot: int) -> str:
+        return self._slot_rel(slot)
+
+    def adopt_slot(self, slot: int, handle: FileHandle, size: int) -> None:
+        """Register a slot file found on disk, free until :meth:`resume` names it."""
+        assert slot not in self._segments, "each slot file is adopted once"
+        self._segments[slot] = _Segment(slot, handle, size)
+
+    def slot_handle(self, slot: int) -> FileHandle:
+        return self._segments[slot].handle
+
+    def resume(
+        self,
+        headers: Mapping[int, SegmentHeader],
+        *,
+        next_seq: int,
+        durable_lsn: int,
+        tail: tuple[int, int] | None,
+    ) -> None:
+        """End an open: ``headers`` are the live chain's lives (every other adopted slot is
+        free), ``tail`` the ``(slot, offset)`` writing continues at (None: a new life)."""
+        chain = sorted(headers, key=lambda slot: headers[slot].seq)
+        seqs = [headers[slot].seq for slot in chain]
+        assert all(a < b for a, b in itertools.pairwise(seqs)), "chain seqs strictly increase"
+        assert all(seq < next_seq for seq in seqs), "the next life gets a new seq"
+        for slot, seg in self._segments.items():
+            seg.header = headers.get(slot)
+            seg.named = slot in headers  # on disk already: durable
+        self._chain = chain
+        self._next_seq = next_seq
+        self.durable_lsn = durable_lsn
+        self.next_lsn = durable_lsn + 1
+        if tail is not None:
+            slot, offset = tail
+            assert chain and chain[-1] == slot, "the tail is the last life of the chain"
+            assert offset % 8 == 0 and SEGMENT_HEADER_SIZE <= offset <= self._segments[slot].size
+            self._tail = self._segments[slot]
+            self._tail_offset = offset
 
     def live_segments(self, start_seq: int) -> list[NamedSegment]:
         """Segment lives of the chain from ``start_seq`` on whose header is durable."""
