@@ -295,3 +295,36 @@ async def test_leaving_the_task_host_stops_following(world: World) -> None:
     await anyio.sleep(0.6)  # more than two poll intervals: nobody polls any more
     assert len(reporter.reports) == reported
     assert all(o.status == "working" for _, o in reporter.reports)
+
+
+@pytest.mark.anyio
+async def test_a_server_that_cannot_start_fails_its_turn_not_the_task_host(
+    world: World, tmp_path: Path
+) -> None:
+    binding, reporter = Binding(), Reporter()
+    (tmp_path / "broken").mkdir()
+    broken = {"work-control": {"command": sys.executable, "args": ["-c", "raise SystemExit(3)"]}}
+    bad_config = load(write_config(tmp_path / "broken", servers=broken))
+    with pytest.raises(Exception) as plain:
+        async with connect_servers(binding, bad_config):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(Exception) as hosted:
+        async with TaskHost(reporter) as tasks, connect_servers(binding, bad_config, tasks=tasks):  # type: ignore[arg-type]
+            pass
+    assert leaves(hosted.value) == leaves(plain.value)  # the same error, no extra wrapping
+    async with TaskHost(reporter) as tasks:
+        with pytest.raises(Exception):  # noqa: B017
+            async with connect_servers(binding, bad_config, tasks=tasks):  # type: ignore[arg-type]
+                pass
+        # The TaskHost is still serving: the next turn works.
+        async with turn(world, binding, tasks) as sessions:
+            outcome = tool_outcome(
+                await call_tool(sessions["work-control"], "job", {"key": world.key("a"), "text": "x"})
+            )
+        assert not outcome.failed
+
+
+def leaves(exc: BaseException) -> list[str]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [f"{type(exc).__name__}/{leaf}" for sub in exc.exceptions for leaf in leaves(sub)]
+    return [repr(exc)]

@@ -144,13 +144,19 @@ class TaskHost:
         self._tg = await self._cm.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         assert self._tg is not None
         # Leaving stops every follow and closes every session: what is left unreported falls
         # to the service's host-lease rule (task_host_gone).
         self._tg.cancel_scope.cancel()
         try:
-            return await self._cm.__aexit__(*exc)
+            return await self._cm.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The host's own error, raised inside this block, reaches it as it was raised, not
+            # wrapped in a group by our task group.
+            if exc is not None and group.exceptions == (exc,):
+                raise exc from None
+            raise
         finally:
             self._tg = None
 
