@@ -385,7 +385,7 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
             resp = await h.client.post(outcome_url, headers=auth, json=body)
             assert resp.status_code == 400, resp.text
             assert token not in resp.text
-        resp = await h.client.post(outcome_url, headers=auth, content=b"x" * (2 * 1024 * 1024))
+        resp = await h.client.post(outcome_url, headers=auth, content=b"x" * (5 * 1024 * 1024))
         assert resp.status_code == 413
         rec = h.service.repo.get(cid)
         assert rec is not None and rec.state == "claimed"
