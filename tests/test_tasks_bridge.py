@@ -12,10 +12,13 @@ from typing import Any
 
 import anyio
 import pytest
+from _service import ENV, write_config
 from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
 from test_host_parity import Host, hosting
 
+import afterword
 from afterword.clients.operator import read_host_token
+from afterword.config import ConfigError
 from afterword.continuations import FALLBACK_TEXT
 from afterword.continuations.errors import Closed, Conflict, InvalidRequest, RunClosed, Unavailable
 from afterword.continuations.jcs import canonical_json
@@ -405,3 +408,28 @@ async def test_a_claim_is_not_a_task(tmp_path: Path) -> None:
         claim = await x.h.claimed(run.stdio_env(SERVER))
         with pytest.raises(Conflict, match="not backed by an MCP task"):
             await x.client.report_task_outcome(claim["continuationId"], TaskOutcome(status="working"))
+
+
+# -- configuration -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("taskDeadlineMs", 0, "positive integer"),
+        ("taskDeadlineMs", 30 * 24 * 3600 * 1000 + 1, "at most 2592000000"),
+        ("taskHostLeaseMs", -5, "positive integer"),
+        ("taskHostLeaseMs", 3_600_001, "at most 3600000"),
+    ],
+)
+def test_task_limits_are_validated(tmp_path: Path, key: str, value: int, problem: str) -> None:
+    path = write_config(tmp_path, continuations={"limits": {key: value}})
+    with pytest.raises(ConfigError) as caught:
+        afterword.load_config(path, environ=ENV)
+    assert str(caught.value).startswith(f"continuations.limits.{key}: ") and problem in str(caught.value)
+
+
+def test_task_limits_defaults_and_values(tmp_path: Path) -> None:
+    limits = afterword.load_config(write_config(tmp_path), environ=ENV).limits
+    assert (limits.task_deadline_ms, limits.task_host_lease_ms) == (24 * 3600 * 1000, 60_000)
+    path = write_config(tmp_path, continuations={"limits": {"taskDeadlineMs": 5000, "taskHostLeaseMs": 700}})
+    limits = afterword.load_config(path, environ=ENV).limits
+    assert (limits.task_deadline_ms, limits.task_host_lease_ms) == (5000, 700)
