@@ -17,6 +17,7 @@ from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
 from test_host_parity import Host, hosting
 
 import afterword
+from afterword.cli import main as cli_main
 from afterword.clients.operator import read_host_token
 from afterword.config import ConfigError
 from afterword.continuations import FALLBACK_TEXT
@@ -433,3 +434,19 @@ def test_task_limits_defaults_and_values(tmp_path: Path) -> None:
     path = write_config(tmp_path, continuations={"limits": {"taskDeadlineMs": 5000, "taskHostLeaseMs": 700}})
     limits = afterword.load_config(path, environ=ENV).limits
     assert (limits.task_deadline_ms, limits.task_host_lease_ms) == (5000, 700)
+
+
+# -- the operator's command line ------------------------------------------------------------------
+async def test_cli_show_and_health_name_the_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        await h.service.report_task_outcome(cid, TaskOutcome(status="lost", message="server restarted"))
+        config = ["--config", str(h.config.config_path)]
+        assert await anyio.to_thread.run_sync(cli_main, ["continuations", "show", *config, cid]) == 0
+        out = capsys.readouterr().out
+        assert "mcp task" in out and "task-7 on work-control, followed by the host" in out
+        assert "last status" in out and "lost" in out and "task_lost: server restarted" in out
+        code = await anyio.to_thread.run_sync(cli_main, ["continuations", "health", *config])
+        out = capsys.readouterr().out
+        assert code == 2 and "task_lost" in out and cid in out
