@@ -100,6 +100,38 @@ async def test_adoption_is_bound_like_a_claim_and_idempotent(host: Callable[...,
             await run.adopt_task(SERVER, TaskHandle(task_id="later", status="working"))
 
 
+async def test_close_waits_for_an_adoption_inside_admission(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        entered, release, closed = anyio.Event(), anyio.Event(), anyio.Event()
+        out: dict[str, Any] = {}
+
+        async def paused() -> None:
+            entered.set()
+            await release.wait()
+
+        async def adopt() -> None:
+            out["task"] = await run.adopt_task(SERVER, HANDLE)
+
+        async def close() -> None:
+            out["active"] = await run.close()
+            closed.set()
+
+        x.h.service.hooks.before_claim_commit = paused
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(adopt)
+            await entered.wait()
+            x.h.service.hooks.before_claim_commit = None
+            tg.start_soon(close)
+            with anyio.move_on_after(0.3):  # give close() every chance to (wrongly) finish
+                await closed.wait()
+            assert not closed.is_set()
+            with pytest.raises(RunClosed):  # admission is closed while draining
+                await run.adopt_task(SERVER, TaskHandle(task_id="late", status="working"))
+            release.set()
+        assert out["active"] == [out["task"].continuation_id]
+
+
 async def test_the_same_task_id_in_another_run_is_another_continuation(host: Callable[..., Any]) -> None:
     async with host() as x:
         _, a = await adopted(x)
