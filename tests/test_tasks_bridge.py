@@ -15,6 +15,8 @@ import pytest
 from _service import ENV, write_config
 from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
 from test_host_parity import Host, hosting
+from test_http_protocol import Clock
+from test_http_protocol import serving as protocol_serving
 
 import afterword
 from afterword.cli import main as cli_main
@@ -482,3 +484,26 @@ async def test_cli_show_and_health_name_the_task(tmp_path: Path, capsys: pytest.
         code = await anyio.to_thread.run_sync(cli_main, ["continuations", "health", *config])
         out = capsys.readouterr().out
         assert code == 2 and "task_lost" in out and cid in out
+
+
+# -- expiry ------------------------------------------------------------------------------------
+async def test_an_expired_task_owes_its_server_a_cancel(tmp_path: Path) -> None:
+    clock = Clock()
+    path = write_config(tmp_path, servers=SERVERS, selected=[SERVER, WEB])
+    config = afterword.load_config(path, environ=ENV)
+    async with protocol_serving(tmp_path, config=config, clock=clock, run_worker=True) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        handle = TaskHandle(task_id="slow", status="working", ttl_ms=60_000)
+        cid = (await run.adopt_task(WEB, handle)).continuation_id
+        await run.finalize(ORIGIN)
+        await run.activate()
+        clock.offset_ms += 61_000  # past the task's ttl: the worker expires it
+        h.service.work_available.set()
+        with anyio.fail_after(15):
+            while (rec := h.service.repo.get(cid)) is None or rec.state != "expired":
+                await h.service.work_available.wait(0.05)
+        (followed,) = h.service.tasks_to_follow()
+        assert followed.continuation_id == cid and followed.cancel_requested
+        late = await h.service.report_task_outcome(cid, completed({"a": 1}))
+        assert (late.state, late.cancel) == ("expired", True)
+        assert h.service.repo.get(cid).result is None  # type: ignore[union-attr]
