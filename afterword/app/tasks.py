@@ -45,8 +45,6 @@ from .results import Results
 log = logging.getLogger("afterword.tasks")
 
 SDK_EXTRA = "afterword[mcp]"
-# A result this large (canonical bytes) is canonicalized off the event loop.
-ON_THREAD_FROM = 32 * 1024
 
 
 def mcp_sdk_available() -> bool:
@@ -185,10 +183,9 @@ class Tasks:
         decision = table.decide(rec, outcome, now)
         canonical: bytes | None = None
         if decision.kind == "accept" and decision.payload is not None:
-            if outcome.result is not None and len(str(outcome.result)) > ON_THREAD_FROM:
-                canonical = await anyio.to_thread.run_sync(_payload_bytes, decision.payload)
-            else:
-                canonical = _payload_bytes(decision.payload)
+            # RFC 8785 text is built in Python (tens of ms near the limit): off the event loop.
+            # A task reports its result once, so the thread hop costs nothing that matters.
+            canonical = await anyio.to_thread.run_sync(_payload_bytes, decision.payload)
             if canonical is None:
                 decision = table.TaskDecision(
                     kind="dead_letter",
