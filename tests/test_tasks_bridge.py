@@ -236,6 +236,17 @@ async def test_completed_structured_content_is_the_result_then_delivered(host: C
         assert late.state == "delivered" and x.h.service.repo.version(cid) == version
 
 
+async def test_a_failed_task_is_delivered_as_a_failure(host: Callable[..., Any]) -> None:
+    async with host(run_worker=True) as x:
+        run, cid = await adopted(x)
+        await run.finalize(ORIGIN)
+        await run.activate()
+        await report(x, cid, TaskOutcome(status="failed", message="disk full"))
+        rec = await wait_state(x, cid, "delivered")
+        assert rec.text == "Update on your earlier request: the background task failed: disk full"
+        assert [h.error for h in rec.history if h.state == "result_received"] == ["task_failed"]
+
+
 async def test_completed_text_content_is_joined(host: Callable[..., Any]) -> None:
     async with host() as x:
         _, cid = await adopted(x)
