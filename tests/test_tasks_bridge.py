@@ -369,6 +369,8 @@ async def test_host_lease_lapse_dead_letters_and_reports_renew(host: Callable[..
         assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
         rec = x.h.service.repo.get(kept)
         assert rec is not None and rec.state == "claimed"
+        await x.call("cancel_continuation", kept)  # ended otherwise: its lease is forgotten
+        assert await x.h.service.expire_task_host_leases() == [] and tasks.host_leases == {}
 
 
 async def test_service_followed_tasks_have_no_host_lease(host: Callable[..., Any]) -> None:

@@ -65,7 +65,7 @@ def task_identity(run_id: str, task_id: str) -> tuple[str, str]:
 def _payload_bytes(payload: dict[str, object]) -> bytes | None:
     try:
         return canonical_json(payload)
-    except NotCanonical:
+    except (NotCanonical, RecursionError):  # no RFC 8785 form, or nested past any sense
         return None
 
 
@@ -231,7 +231,7 @@ class Tasks:
             if rec is None:
                 raise NotFound(f"no continuation {cid}")
             now = self.ledger.clock_ms()
-            # Decided again on the record under its lock: another outcome may have won.
+            # Applied only if the record still waits: another outcome (or expiry) may have won.
             waiting = rec.state == "claimed" and now <= rec.claim.deadline_ms
             new = table.apply(rec, decision, now, result) if waiting else None
             if new is None:
@@ -292,12 +292,16 @@ class Tasks:
         now = self.ledger.clock_ms()
         lease = self.config.limits.task_host_lease_ms
         due = []
+        waiting = set()
         for rec in self.repo.live():
             if rec.task is None or rec.task.follow != "host" or rec.state != "claimed":
                 continue
+            waiting.add(rec.id)
             until = self.host_leases.setdefault(rec.id, now + lease)
             if now >= until:
                 due.append((rec.id, until))
+        for cid in [c for c in self.host_leases if c not in waiting]:
+            del self.host_leases[cid]  # ended some other way (cancelled, expired): no lease left
         gone = []
         for cid, until in due:
 
