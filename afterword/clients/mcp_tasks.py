@@ -57,7 +57,14 @@ PROTOCOL_ERROR_LIMIT = 5
 REQUEST_TIMEOUT_S = 30.0
 CANCEL_TIMEOUT_S = 10.0
 
-_TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost"})
+_TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost", "protocol_error", "too_large"})
+_TOO_LARGE = "the task's result is larger than the host API accepts"
+
+
+class _Refused(Exception):
+    """The service will never take this report (an internal signal of the follow loop)."""
+
+
 _TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
 
 
@@ -296,13 +303,13 @@ class TaskHost:
             if outcome.poll_interval_ms is not None:
                 interval = outcome.poll_interval_ms
             try:
-                report = await self._reporter.report_task_outcome(cid, outcome)
-            except (RemoteError, E.ContinuationError) as exc:
-                if _retryable(exc):
-                    failures += 1  # the service is unreachable or busy: poll again, report then
-                    continue
-                log.warning("continuation %s refused a task outcome (%s); following stops", cid, _code(exc))
+                report = await self._report(cid, outcome)
+            except _Refused as refused:
+                log.warning("continuation %s refused a task outcome (%s); following stops", cid, refused)
                 return
+            if report is None:
+                failures += 1  # the service is unreachable or busy: poll again, report then
+                continue
             self.reported += 1
             failures = 0
             if report.cancel:
@@ -310,6 +317,22 @@ class TaskHost:
                 return
             if outcome.status in _TERMINAL_TASK or report.state in _TERMINAL_RECORD:
                 return
+
+    async def _report(self, cid: str, outcome: TaskOutcome) -> TaskReport | None:
+        """The service's answer; None when it may take the report later (unreachable, busy).
+        Raises :class:`_Refused` when it never will."""
+        try:
+            return await self._reporter.report_task_outcome(cid, outcome)
+        except E.RequestTooLarge:
+            if outcome.status == "too_large":
+                raise _Refused("too_large") from None
+            # The result is bigger than the host API's body limit: say so instead, so the
+            # continuation ends task_result_too_large rather than waiting for the lease.
+            return await self._report(cid, TaskOutcome(status="too_large", message=_TOO_LARGE))
+        except (RemoteError, E.ContinuationError) as exc:
+            if _retryable(exc):
+                return None
+            raise _Refused(_code(exc)) from None
 
     async def _cancel(self, lease: _Lease, task_id: str) -> None:
         """``tasks/cancel``, best effort and bounded: a failure is logged, never raised."""
