@@ -66,9 +66,12 @@ class Reporter:
     """Records reports; answers ``cancel`` once asked to, like the service after a cancel."""
 
     cancel: bool = False
+    broken: str | None = None  # a continuation whose reports raise an unexpected error
     reports: list[tuple[str, TaskOutcome]] = field(default_factory=list)
 
     async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
+        if cid == self.broken:
+            raise RuntimeError("a bug on the reporting side")
         self.reports.append((cid, outcome))
         if self.cancel:
             return TaskReport(state="cancelled", cancel=True)
@@ -328,3 +331,16 @@ def leaves(exc: BaseException) -> list[str]:
     if isinstance(exc, BaseExceptionGroup):
         return [f"{type(exc).__name__}/{leaf}" for sub in exc.exceptions for leaf in leaves(sub)]
     return [repr(exc)]
+
+
+@pytest.mark.anyio
+async def test_one_task_failing_to_report_does_not_stop_the_others(world: World) -> None:
+    binding, reporter = Binding(), Reporter(broken="c_1")
+    async with TaskHost(reporter) as tasks:
+        async with turn(world, binding, tasks) as sessions:
+            for key in ("a", "b"):
+                await call_tool(sessions["work-control"], "job", {"key": world.key(key), "text": key})
+        world.open_gate("a")
+        world.open_gate("b")
+        await until(lambda: not tasks.following)
+    assert {(cid, o.status) for cid, o in reporter.reports if o.status != "working"} == {("c_2", "completed")}

@@ -58,14 +58,12 @@ REQUEST_TIMEOUT_S = 30.0
 CANCEL_TIMEOUT_S = 10.0
 
 _TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost", "protocol_error", "too_large"})
+_TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
 _TOO_LARGE = "the task's result is larger than the host API accepts"
 
 
 class _Refused(Exception):
     """The service will never take this report (an internal signal of the follow loop)."""
-
-
-_TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
 
 
 class TaskAdopting(Protocol):
@@ -260,6 +258,10 @@ class TaskHost:
     async def _follow(self, lease: _Lease, cid: str, handle: TaskHandle) -> None:
         try:
             await self._poll_until_done(lease, cid, handle)
+        except Exception:
+            # One task's failure must not stop the others or close the host's sessions; this
+            # one's continuation is left to the host lease (task_host_gone).
+            log.exception("following continuation %s failed; its host lease will decide", cid)
         finally:
             self._following.discard(cid)
             lease.following -= 1
