@@ -62,7 +62,7 @@ _TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cance
 _TOO_LARGE = "the task's result is larger than the host API accepts"
 
 
-class _Refused(Exception):
+class _Refused(AfterwordError):
     """The service will never take this report (an internal signal of the follow loop)."""
 
 
