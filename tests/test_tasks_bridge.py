@@ -23,7 +23,14 @@ from afterword.cli import main as cli_main
 from afterword.clients.operator import read_host_token
 from afterword.config import ConfigError
 from afterword.continuations import FALLBACK_TEXT
-from afterword.continuations.errors import Closed, Conflict, InvalidRequest, RunClosed, Unavailable
+from afterword.continuations.errors import (
+    AdmissionLimit,
+    Closed,
+    Conflict,
+    InvalidRequest,
+    RunClosed,
+    Unavailable,
+)
 from afterword.continuations.jcs import canonical_json
 from afterword.protocol import paths
 from afterword.protocol.tasks import TaskHandle, TaskOutcome, TaskReport
@@ -161,6 +168,15 @@ async def test_adoption_refusals(host: Callable[..., Any]) -> None:
         # Hostile hints are taken as given and clamped where used.
         ok = await run.adopt_task(SERVER, TaskHandle(task_id="t", status="working", poll_interval_ms=0, ttl_ms=10**9))
         assert ok.follow == "host"
+
+
+async def test_adoption_counts_against_the_admission_limits(host: Callable[..., Any]) -> None:
+    async with host(limits={"maxActivePerOrigin": 1}) as x:
+        run = await x.begin()
+        await run.adopt_task(SERVER, HANDLE)
+        with pytest.raises(AdmissionLimit):
+            await run.adopt_task(SERVER, TaskHandle(task_id="second", status="working"))
+        assert len(list(x.h.service.repo.live())) == 1
 
 
 async def test_loopback_http_server_is_followed_by_the_service(host: Callable[..., Any]) -> None:
@@ -353,6 +369,19 @@ async def test_cancel_of_a_service_followed_task_reaches_the_follower(host: Call
         assert (rec.task.cancel_ok, rec.task.cancel_detail) == (False, "connection refused")
         detail = x.h.service.continuation_detail(cid)
         assert detail.task is not None and detail.task.cancel == "failed"
+
+
+async def test_a_compacted_task_keeps_its_task_and_ignores_reports(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await report(x, cid, TaskOutcome(status="lost", message="gone"))
+        await x.h.service.acknowledge_continuation(cid)  # the operator (no host verb)
+        await x.h.service.apply_retention()
+        assert x.h.service.repo.get(cid) is None and x.h.service.repo.tombstone(cid) is not None
+        detail = x.h.service.continuation_detail(cid)
+        assert detail.task is not None and (detail.task.task_id, detail.task.status) == ("task-7", "lost")
+        late = await report(x, cid, completed({"a": 1}))
+        assert (late.state, late.cancel) == ("dead_lettered", False)
 
 
 # -- the host's lease ------------------------------------------------------------------------
