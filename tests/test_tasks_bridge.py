@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 from _service import ENV, write_config
+from _ui import sign_in
 from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
 from test_host_parity import Host, hosting
 from test_http_protocol import Clock
@@ -549,3 +551,17 @@ async def test_an_expired_task_owes_its_server_a_cancel(tmp_path: Path) -> None:
         late = await h.service.report_task_outcome(cid, completed({"a": 1}))
         assert (late.state, late.cancel) == ("expired", True)
         assert h.service.repo.get(cid).result is None  # type: ignore[union-attr]
+
+
+async def test_status_page_shows_the_task(tmp_path: Path) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        await h.service.cancel_continuation(cid)
+        await h.service.record_task_cancel_sent(cid, False, "connection refused")
+        ui = await sign_in(h.client, h.service)
+        page = await ui.get(f"/ui/c/{cid}")
+        assert page.status_code == 200
+        text = re.sub(r"<[^>]+>", " ", page.text)
+        assert "MCP task" in text and "task-7" in text and f"on {WEB}" in text
+        assert "the service" in text and "failed (connection refused)" in text
