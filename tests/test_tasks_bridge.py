@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from test_http_protocol import Clock
 from test_http_protocol import serving as protocol_serving
 
 import afterword
+from afterword.app.tasks import mcp_sdk_available
 from afterword.cli import main as cli_main
 from afterword.clients.operator import read_host_token
 from afterword.config import ConfigError
@@ -565,3 +567,16 @@ async def test_status_page_shows_the_task(tmp_path: Path) -> None:
         text = re.sub(r"<[^>]+>", " ", page.text)
         assert "MCP task" in text and "task-7" in text and f"on {WEB}" in text
         assert "the service" in text and "failed (connection refused)" in text
+
+
+def test_only_the_sdk_2_line_can_follow_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert mcp_sdk_available()  # the test venv runs the 2.x line
+    for installed, usable in (("1.26.0", False), ("2.3.0", True), ("3.0.0", False)):
+        monkeypatch.setattr("afterword.app.tasks.version", lambda _name, v=installed: v)
+        assert mcp_sdk_available() is usable
+
+    def missing(_name: str) -> str:
+        raise PackageNotFoundError("mcp")
+
+    monkeypatch.setattr("afterword.app.tasks.version", missing)
+    assert mcp_sdk_available() is False
