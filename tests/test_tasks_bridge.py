@@ -580,3 +580,17 @@ def test_only_the_sdk_2_line_can_follow_tasks(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr("afterword.app.tasks.version", missing)
     assert mcp_sdk_available() is False
+
+
+async def test_the_running_service_applies_host_lease_lapses_itself(tmp_path: Path) -> None:
+    clock = Clock()
+    path = write_config(tmp_path, continuations={"limits": {"taskHostLeaseMs": 1000}})
+    config = afterword.load_config(path, environ=ENV)
+    async with protocol_serving(tmp_path, config=config, clock=clock) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        clock.offset_ms += 5_000  # the host went silent for five leases
+        with anyio.fail_after(15):
+            while (rec := h.service.repo.get(cid)) is None or rec.state != "dead_lettered":
+                await h.service.work_available.wait(0.05)
+        assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
