@@ -152,6 +152,41 @@ async def test_the_same_task_id_in_another_run_is_another_continuation(host: Cal
         assert a != b
 
 
+async def test_concurrent_adoptions_of_one_handle_make_one_continuation(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        got: list[Any] = []
+
+        async def adopt() -> None:
+            got.append(await run.adopt_task(SERVER, HANDLE))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(adopt)
+        assert len({t.continuation_id for t in got}) == 1 and len(got) == 8
+        assert len(list(x.h.service.repo.live())) == 1
+        assert await run.close() == [got[0].continuation_id]
+
+
+async def test_racing_outcomes_end_the_record_once(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        answers: list[TaskReport] = []
+
+        async def send(outcome: TaskOutcome) -> None:
+            answers.append(await report(x, cid, outcome))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, completed({"a": 1}))
+            tg.start_soon(send, TaskOutcome(status="cancelled"))
+            tg.start_soon(send, TaskOutcome(status="lost"))
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.state in ("result_received", "cancelled", "dead_lettered")
+        ended = [h for h in rec.history if h.state != "claimed"]
+        assert len(ended) == 1  # one transition out of claimed, whichever won
+        assert rec.result is None or rec.state == "result_received"
+
+
 async def test_adoption_refusals(host: Callable[..., Any]) -> None:
     async with host() as x:
         run = await x.begin()
