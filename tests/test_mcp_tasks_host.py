@@ -344,3 +344,22 @@ async def test_one_task_failing_to_report_does_not_stop_the_others(world: World)
         world.open_gate("b")
         await until(lambda: not tasks.following)
     assert {(cid, o.status) for cid, o in reporter.reports if o.status != "working"} == {("c_2", "completed")}
+
+
+@pytest.mark.anyio
+async def test_a_server_asking_for_rare_polls_still_gets_polled_within_the_renewal_bound(
+    world: World,
+) -> None:
+    """pollIntervalMs of 10^9: clamped to 60 s by the cadence, and to ``renew_every_s`` so that
+    the host's reports keep renewing its lease."""
+    binding, reporter = Binding(), Reporter()
+    async with TaskHost(reporter, renew_every_s=0.3) as tasks:
+        async with turn(world, binding, tasks) as sessions:
+            args = {"key": world.key("slow"), "text": "x", "poll_ms": 10**9}
+            await call_tool(sessions["work-control"], "job", args)
+        ((_, handle),) = binding.adopted
+        assert handle.poll_interval_ms == 10**9
+        await until(lambda: len(reporter.reports) >= 3)
+    assert all(o.status == "working" and o.poll_interval_ms == 10**9 for _, o in reporter.reports)
+    with pytest.raises(ValueError):
+        TaskHost(reporter, renew_every_s=0)

@@ -56,6 +56,10 @@ _sdk = load()
 PROTOCOL_ERROR_LIMIT = 5
 REQUEST_TIMEOUT_S = 30.0
 CANCEL_TIMEOUT_S = 10.0
+# The longest wait between two polls (so between two reports) of one task: a third of the
+# service's default host lease (taskHostLeaseMs, 60 s), so the reports on a task whose server
+# asks to be polled rarely keep renewing the lease, and a failed poll is retried well within it.
+RENEW_EVERY_S = 20.0
 
 _TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost", "protocol_error", "too_large"})
 _TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
@@ -116,12 +120,22 @@ class TaskHost:
     ``reporter`` hears each host-followed outcome: the embedded ``ContinuationService`` or a
     ``HostClient`` (``POST /v1/host/continuations/{cid}/task-outcome``). Use it as an async
     context manager that lives as long as the host, and pass it to
-    ``connect_servers(..., tasks=...)`` on each turn.
+    ``connect_servers(..., tasks=...)`` on each turn. ``renew_every_s`` bounds the wait between
+    two polls of a task: keep it under a third of ``continuations.limits.taskHostLeaseMs``.
     """
 
-    def __init__(self, reporter: TaskReporting, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        reporter: TaskReporting,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        renew_every_s: float = RENEW_EVERY_S,
+    ) -> None:
+        if not renew_every_s > 0 or not request_timeout_s > 0:
+            raise ValueError("renew_every_s and request_timeout_s must be positive")
         self._reporter = reporter
         self._timeout = request_timeout_s
+        self._renew_s = renew_every_s
         self._tg: TaskGroup | None = None
         self._leases: dict[int, _Lease] = {}
         self._following: set[str] = set()
@@ -274,7 +288,7 @@ class TaskHost:
         first = handle.status != "working"
         while True:
             if not first:
-                await anyio.sleep(_poll_delay_s(interval, failures))
+                await anyio.sleep(min(_poll_delay_s(interval, failures), self._renew_s))
             first = False
             try:
                 raw = await _sdk.get_task(lease.session, handle.task_id, self._timeout)
