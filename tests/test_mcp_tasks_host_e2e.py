@@ -236,3 +236,68 @@ async def test_a_result_too_large_ends_visibly(host: Callable[..., Any], tmp_pat
         rec = await wait_record(x, cid, "dead_lettered")
         assert rec.last_error is not None and rec.last_error.code == "task_result_too_large"
         assert x.h.synth.requests == []
+
+
+async def test_the_host_keeps_following_across_a_sidecar_restart(tmp_path: Path) -> None:
+    """A host-followed task, with ``afterword serve`` as a sidecar that restarts while the task
+    runs: the host's reports fail while it is down and are retried; after the restart the task
+    gets a fresh lease, and its answer is delivered once."""
+    import json
+
+    from _cli import Server
+    from _service import load, write_config
+
+    from afterword.cli import main as cli_main
+    from afterword.clients.host import HostClient
+
+    (tmp_path / "gates").mkdir()
+    config_path = write_config(
+        tmp_path, servers={SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
+    )
+    token_file = tmp_path / "host.token"
+    server = Server(config_path)
+    server.start()
+    try:
+        assert (
+            cli_main(["continuations", "host-token", "--config", str(config_path), "--file", str(token_file)])
+            == 0
+        )
+        config = load(config_path)
+        async with HostClient(server.base, token_file.read_text()) as client, TaskHost(client) as tasks:
+            run = await client.begin_run("run-restart", CONV, REPLY)
+            async with connect_servers(run, config, [SERVER], tasks=tasks) as sessions:  # type: ignore[arg-type]
+                outcome = tool_outcome(
+                    await call_tool(sessions[SERVER], "job", {"key": "r", "text": "restart"})
+                )
+            assert not outcome.failed, outcome.text
+            (cid,) = tasks.following
+            await settle_run(run, ORIGIN)  # type: ignore[arg-type]
+            reported = tasks.reported
+            server.stop()
+
+            def polls() -> int:
+                return sum(r["method"] == "tasks/get" for r in records(tmp_path, SERVER))
+
+            seen = polls()
+            with anyio.fail_after(WAIT_S):  # the host polls on while the service is down...
+                while polls() < seen + 2:
+                    await anyio.sleep(0.05)
+            assert tasks.reported == reported  # ...and none of those reports got through
+            server.start()
+            opened(tmp_path, "r")
+            with anyio.fail_after(WAIT_S):
+                while tasks.following:
+                    await anyio.sleep(0.05)
+            outbox = config_path.parent / "outbox.jsonl"
+            with anyio.fail_after(WAIT_S):
+                while not outbox.exists() or not outbox.read_text().strip():
+                    await anyio.sleep(0.05)
+                while (await client.list_continuations()).items[0].state != "delivered":
+                    await anyio.sleep(0.05)
+        lines = [json.loads(x) for x in outbox.read_text().splitlines() if x.strip()]
+        assert [(line["conversationId"], line["deliveryKey"].split(":")[0]) for line in lines] == [
+            (REPLY, cid)
+        ]
+    finally:
+        if server.proc is not None:
+            server.stop()
