@@ -5,6 +5,7 @@ HTTP through ``HostClient``/``RemoteRun``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,11 +15,14 @@ from typing import Any
 
 import anyio
 import pytest
-from _service import free_port
+from _cli import Server
+from _service import free_port, load, write_config
 from test_host_binding import CONV, ORIGIN, REPLY
 from test_host_parity import Host, hosting
 from test_mcp_e2e import wait_port
 
+from afterword.cli import main as cli_main
+from afterword.clients.host import HostClient
 from afterword.clients.mcp_sdk import installed_line
 from afterword.continuations.jcs import canonical_json
 
@@ -44,8 +48,6 @@ def args(root: Path, name: str) -> list[str]:
 
 
 def records(root: Path, name: str) -> list[dict[str, Any]]:
-    import json
-
     path = root / f"{name}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -242,14 +244,6 @@ async def test_the_host_keeps_following_across_a_sidecar_restart(tmp_path: Path)
     """A host-followed task, with ``afterword serve`` as a sidecar that restarts while the task
     runs: the host's reports fail while it is down and are retried; after the restart the task
     gets a fresh lease, and its answer is delivered once."""
-    import json
-
-    from _cli import Server
-    from _service import load, write_config
-
-    from afterword.cli import main as cli_main
-    from afterword.clients.host import HostClient
-
     (tmp_path / "gates").mkdir()
     config_path = write_config(
         tmp_path, servers={SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
