@@ -6,6 +6,8 @@ HTTP through ``HostClient``/``RemoteRun``)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -295,3 +297,28 @@ async def test_the_host_keeps_following_across_a_sidecar_restart(tmp_path: Path)
     finally:
         if server.proc is not None:
             server.stop()
+
+
+async def test_a_stdio_server_that_dies_leaves_its_task_to_the_host_lease(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The server process (and the task state in it) is gone while the host lives: the host
+    stops following that task, keeps serving, and the service dead-letters it task_host_gone."""
+    async with host(limits={"taskHostLeaseMs": 1000}) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            await call_tool(sessions[SERVER], "job", {"key": "dies", "text": "x"})
+        (cid,) = tasks.following
+        await settle_run(run, ORIGIN)
+        os.kill(int((tmp_path / f"{SERVER}.jsonl.pid").read_text()), signal.SIGKILL)
+        with anyio.fail_after(WAIT_S):
+            while tasks.following:
+                await anyio.sleep(0.05)
+        rec = await wait_record(x, cid, "dead_lettered")
+        assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
+        # The TaskHost itself is unharmed: the next turn starts a new server and adopts again.
+        run2 = await x.begin("run-2")
+        async with task_turn(x, tasks, run2, [SERVER]) as sessions:
+            outcome = tool_outcome(await call_tool(sessions[SERVER], "job", {"key": "next", "text": "y"}))
+        assert not outcome.failed and len(tasks.following) == 1
+        await settle_run(run2, ORIGIN)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,7 @@ def build(record: Path, gates: Path) -> MCPServer:
 
 
 async def main(args: argparse.Namespace) -> None:
+    Path(args.record + ".pid").write_text(str(os.getpid()))  # a test may kill this server
     server = build(Path(args.record), Path(args.gates))
     if args.http:
         import uvicorn
