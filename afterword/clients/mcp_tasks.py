@@ -252,8 +252,8 @@ class TaskHost:
             # Nobody will follow the task: ask the server to drop it rather than leave it running.
             await self._cancel(lease, handle.task_id)
             return (
-                f"Not accepted: afterword could not take this background task ({_code(exc)}), so it was "
-                "cancelled and no answer will follow.",
+                f"Not accepted: afterword could not take this background task ({_code(exc)}); the "
+                "server was asked to cancel it and no answer will follow.",
                 True,
             )
         if adopted.follow == "host":
