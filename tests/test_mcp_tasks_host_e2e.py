@@ -322,3 +322,21 @@ async def test_a_stdio_server_that_dies_leaves_its_task_to_the_host_lease(
             outcome = tool_outcome(await call_tool(sessions[SERVER], "job", {"key": "next", "text": "y"}))
         assert not outcome.failed and len(tasks.following) == 1
         await settle_run(run2, ORIGIN)
+
+
+async def test_a_claim_token_echoed_by_the_server_never_reaches_the_record(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    async with host(run_worker=True) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        token = run.stdio_env(SERVER, {})["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"]
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            await call_tool(sessions[SERVER], "job", {"key": "echo", "text": "x", "echo": True})
+        (cid,) = tasks.following
+        await settle_run(run, ORIGIN)
+        opened(tmp_path, "echo", "fail")
+        rec = await wait_record(x, cid, "delivered")
+        assert rec.result is not None
+        assert b"echo broke with token [redacted]" in rec.result.payload
+        assert token.encode() not in rec.result.payload
+        assert all(token not in str(m) for m in x.h.synth.requests)
