@@ -61,9 +61,7 @@ class WriteAheadLog(RecoveringLog):
         # Called (in the event loop) when a group write ran out of space before writing
         # anything: every lsn from the argument on is void and will be assigned again.
         self.on_rollback: Callable[[int], None] | None = None
-        self._committer = Committer(
-            self.write_batch, options.commit_mode, options.inline_commit_max_s, self.fits_tail
-        )
+        self._committer = Committer(self.write_batch, options.inline_commit_max_s, self.fits_tail)
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod
@@ -168,7 +166,7 @@ class WriteAheadLog(RecoveringLog):
                     # leave a hole that makes every later frame look like lost data.
                     if not self._committer.write_inline(items):
                         with anyio.CancelScope(shield=True):
-                            await self._committer.write(items)
+                            await self._committer.write_off_loop(items)
                 except BaseException as exc:
                     current.error = exc
                     if isinstance(exc, StorageFullError) and self.root.failed is None:
@@ -206,6 +204,11 @@ class WriteAheadLog(RecoveringLog):
         await self.wait(batch)
         return lsn
 
+    @property
+    def commit_stall_max_s(self) -> float:
+        """The longest the event loop was held by one commit's inline write, seconds."""
+        return self._committer.longest_inline_s
+
     # -- checkpoint support ------------------------------------------------------------------
     async def flush(self) -> None:
         """Make every queued payload durable (used before a checkpoint)."""
@@ -224,9 +227,6 @@ class WriteAheadLog(RecoveringLog):
         self._tail_offset = SEGMENT_HEADER_SIZE
         return self._next_seq, self.next_lsn - 1
 
-    def close(self) -> None:
-        self._committer.close()
-        super().close()
 
     def __repr__(self) -> str:
         return (
