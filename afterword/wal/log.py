@@ -6,6 +6,10 @@ concurrent committers share that fdatasync (group commit). The first committer t
 flush in progress becomes the leader: it takes every queued payload, writes them with one
 ``pwrite`` per segment and one ``fdatasync`` per touched segment, wakes the waiters, and
 repeats until the queue is empty.
+
+``WriteAheadLog`` is that group commit only. It holds the segments and their synchronous
+batch write (a :class:`~afterword.wal.segments.SegmentLog`) and hands lsns out; the open
+fills the segments from disk (``recovery.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import anyio.lowlevel
 
 from ..disk import StateRoot, StorageFullError
 from .committer import Committer
-from .frame import SEGMENT_HEADER_SIZE
+from .errors import WalClosedError
 from .frames import LogFrames
 from .highwater import HighWater
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
 from .recovery import RecoveringLog
 from .scan import NamedSegment
+from .segments import SegmentLog
 
 __all__ = ["FSYNC_BUCKETS", "WalOptions", "WalStatistics", "WriteAheadLog"]
 
@@ -50,18 +55,77 @@ class _Batch:
             woken.set()
 
 
-class WriteAheadLog(RecoveringLog):
+class WriteAheadLog:
     """A bounded write-ahead log in ``<root>/<rel_dir>``; open it with :meth:`open`."""
 
     def __init__(self, root: StateRoot, rel_dir: str, options: WalOptions) -> None:
-        super().__init__(root, rel_dir, options)
+        # recovery.py (F2): a plain SegmentLog once recovery is a function over one.
+        self._segments: SegmentLog = RecoveringLog(root, rel_dir, options)
+        self.next_lsn = 1  # the next lsn to hand out; every lower one is durable or queued
+        self._closed = False
         self._pending: list[tuple[int, bytes]] = []
         self._open_batch = _Batch()
         self._leader = False
         # Called (in the event loop) when a group write ran out of space before writing
         # anything: every lsn from the argument on is void and will be assigned again.
         self.on_rollback: Callable[[int], None] | None = None
-        self._committer = Committer(self.write_batch, options.inline_commit_max_s, self.fits_tail)
+        self._committer = Committer(self.write_batch, options.inline_commit_max_s, self._segments.fits_tail)
+
+    # -- the segments, seen from outside -------------------------------------------------------
+    @property
+    def root(self) -> StateRoot:
+        return self._segments.root
+
+    @property
+    def options(self) -> WalOptions:
+        return self._segments.options
+
+    @property
+    def stats(self) -> WalStatistics:
+        return self._segments.stats
+
+    @property
+    def durable_lsn(self) -> int:
+        return self._segments.durable_lsn
+
+    @property
+    def log_bytes(self) -> int:
+        return self._segments.log_bytes
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        return self._segments.needs_checkpoint
+
+    @property
+    def on_segment_start(self) -> Callable[[], None] | None:
+        """Called once a new segment life's header is durable (``SegmentLog``)."""
+        return self._segments.on_segment_start
+
+    @on_segment_start.setter
+    def on_segment_start(self, hook: Callable[[], None] | None) -> None:
+        self._segments.on_segment_start = hook
+
+    @property
+    def high_water(self) -> HighWater | None:
+        """Marked after every durable write, before anyone is told (``highwater.py``)."""
+        return self._segments.high_water
+
+    @high_water.setter
+    def high_water(self, mark: HighWater | None) -> None:
+        self._segments.high_water = mark
+
+    def live_segments(self, start_seq: int) -> list[NamedSegment]:
+        return self._segments.live_segments(start_seq)
+
+    def retire_before(self, start_seq: int) -> None:
+        self._segments.retire_before(start_seq)
+
+    def check_payload(self, payload: bytes) -> None:
+        self._segments.check_payload(payload)
+
+    def write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Write ``items`` durably now (the leader's job; see ``SegmentLog.write_batch``)."""
+        self._segments.write_batch(items)
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod
@@ -91,12 +155,16 @@ class WriteAheadLog(RecoveringLog):
         """
         wal = cls(root, rel_dir, options or WalOptions())
         try:
-            frames = wal._recover(start_seq, checkpoint_lsn, list(named), acked_lsn, before_free, high_water)
+            # recovery.py (F2): recover(wal._segments, ...) once recovery is a function.
+            recovering = wal._segments
+            assert isinstance(recovering, RecoveringLog)
+            frames = recovering._recover(start_seq, checkpoint_lsn, list(named), acked_lsn, before_free, high_water)
         except BaseException:
             wal.close()  # a refused open must not leak segment descriptors
             if high_water is not None:
                 high_water.close()
             raise
+        wal.next_lsn = wal.durable_lsn + 1
         if high_water is not None:
             high_water.sync = not wal.options.unsafe_no_fsync
             wal.high_water = high_water
@@ -223,14 +291,21 @@ class WriteAheadLog(RecoveringLog):
         """
         if self._pending or self._leader:
             raise RuntimeError("roll with transactions still queued")
-        self._tail = None
-        self._tail_offset = SEGMENT_HEADER_SIZE
-        return self._next_seq, self.next_lsn - 1
+        assert self.next_lsn == self.durable_lsn + 1, "nothing queued, so everything handed out is durable"
+        return self._segments.end_tail(), self.durable_lsn
 
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WalClosedError("write-ahead log is closed")
+
+    def close(self) -> None:
+        self._closed = True
+        self._segments.close()
 
     def __repr__(self) -> str:
         return (
-            f"<WriteAheadLog next_lsn={self.next_lsn} segments={len(self._chain)} "
+            f"<WriteAheadLog next_lsn={self.next_lsn} segments={self.log_bytes // self.options.segment_size} "
             f"commits={self.stats.commits} fsyncs={self.stats.fsyncs}>"
         )
 
