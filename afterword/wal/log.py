@@ -240,6 +240,9 @@ class WriteAheadLog:
                     if isinstance(exc, StorageFullError) and self.root.failed is None:
                         self._void_from(items[0][0], exc)
                     raise
+                else:
+                    # Whoever is woken next may be acknowledged: its frame must be durable.
+                    assert self.durable_lsn == items[-1][0], (self.durable_lsn, items[-1][0])
                 finally:
                     current.done = True
                     current.wake()
