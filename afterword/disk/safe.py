@@ -146,7 +146,7 @@ class StateRoot:
         self.checked.durable(full, "fsync_dir", self.disk.fsync_dir, full)
 
     def pwrite(self, handle: FileHandle, data: bytes, offset: int) -> None:
-        self.check_writable()
+        self.checked.check_writable()
         try:
             self.disk.pwrite(handle.fd, data, offset)
         except OSError as exc:

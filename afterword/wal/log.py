@@ -69,7 +69,8 @@ class WriteAheadLog:
         # Called (in the event loop) when a group write ran out of space before writing
         # anything: every lsn from the argument on is void and will be assigned again.
         self.on_rollback: Callable[[int], None] | None = None
-        self._committer = Committer(self.write_batch, options.inline_commit_max_s, self._segments.fits_tail)
+        segments = self._segments
+        self._committer = Committer(segments.write_batch, options.inline_commit_max_s, segments.fits_tail)
 
     # -- the segments, seen from outside -------------------------------------------------------
     @property
@@ -242,7 +243,7 @@ class WriteAheadLog:
                     raise
                 else:
                     # Whoever is woken next may be acknowledged: its frame must be durable.
-                    assert self.durable_lsn == items[-1][0], (self.durable_lsn, items[-1][0])
+                    assert self._segments.durable_lsn == items[-1][0], "a batch is durable before its wake-up"
                 finally:
                     current.done = True
                     current.wake()
