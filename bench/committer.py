@@ -1,11 +1,12 @@
-"""The commit hand-off designs side by side: ``python -m bench.committer``.
+"""The one commit path's inline bound, side by side: ``python -m bench.committer``.
 
-Issue 20: the group-commit leader's way of getting a batch written (``WalOptions.commit_mode``:
-``thread``, ``writer``, ``adaptive``), measured in one run, in rotating order, against the
-preallocated pwrite+fdatasync limit and SQLite (WAL, synchronous=FULL) with one writer.
-For each mode: commits/s at 1 and 64 committers, the CPU cost of a commit with fdatasync
-skipped (``unsafe_no_fsync``: the hand-off itself), and the event loop's lag (how late a task
-sleeping 1 ms wakes; p99) while the committers run.
+Issues 20 and 34: a lone commit is written on the event loop while write+fdatasync stays under
+``WalOptions.inline_commit_max_s``, else in a worker thread. Measured in one run, in rotating
+order, against the preallocated pwrite+fdatasync limit and SQLite (WAL, synchronous=FULL) with
+one writer: the shipped bound (``inline``) and a zero bound (``off-loop``: every write handed
+to the thread). For each: commits/s at 1 and 64 committers, the CPU cost of a commit with
+fdatasync skipped (``unsafe_no_fsync``: the hand-off itself), the event loop's lag (how late a
+task sleeping 1 ms wakes; p50, p99) and the longest stall one commit caused.
 
     python -m bench.committer [--reps N] [--seconds S] [--dir DIR] [--json PATH]
 """
@@ -21,7 +22,7 @@ from functools import partial
 from . import workloads as w
 from .common import median, output_path, scratch_base, scratch_dir
 
-MODES = ("thread", "writer", "adaptive")
+MODES = {"inline": None, "off-loop": 0.0}  # None: the shipped bound
 
 
 def _cases(seconds: float) -> dict[str, Callable[[str], w.Sample]]:
@@ -30,11 +31,11 @@ def _cases(seconds: float) -> dict[str, Callable[[str], w.Sample]]:
         "sqlite c=1": partial(w.sqlite_commits, concurrency=1, seconds=seconds),
         "sqlite c=64": partial(w.sqlite_commits, concurrency=64, seconds=seconds),
     }
-    for mode in MODES:
+    for mode, bound in MODES.items():
         for c in (1, 64):
-            cases[f"{mode} c={c}"] = partial(w.afterword_wal, concurrency=c, seconds=seconds, commit_mode=mode, lag=True)
+            cases[f"{mode} c={c}"] = partial(w.afterword_wal, concurrency=c, seconds=seconds, inline_max_s=bound, lag=True)
         cases[f"{mode} c=1 nosync"] = partial(
-            w.afterword_wal, concurrency=1, seconds=seconds, commit_mode=mode, no_fsync=True, lag=True
+            w.afterword_wal, concurrency=1, seconds=seconds, inline_max_s=bound, no_fsync=True, lag=True
         )
     return cases
 
@@ -52,7 +53,7 @@ def run(reps: int, seconds: float, base: str, say: Callable[[str], None]) -> dic
     out: dict[str, dict[str, float]] = {}
     for name, got in samples.items():
         row = {"ops_per_s": median([s.rate for s in got])}
-        for key in ("lag_p99_ms", "lag_p50_ms"):
+        for key in ("lag_p99_ms", "lag_p50_ms", "stall_max_ms"):
             values = [s.extra[key] for s in got if key in s.extra]
             if values:
                 row[key] = median(values)
@@ -69,7 +70,7 @@ def run(reps: int, seconds: float, base: str, say: Callable[[str], None]) -> dic
 
 
 def render(out: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'case':24} {'ops/s':>9} {'x limit':>8} {'x SQLite':>9} {'us/commit':>10} {'lag p50 ms':>11} {'lag p99 ms':>11}"]
+    lines = [f"{'case':24} {'ops/s':>9} {'x limit':>8} {'x SQLite':>9} {'us/commit':>10} {'lag p50 ms':>11} {'lag p99 ms':>11} {'stall max ms':>13}"]
     for name, row in out.items():
 
         def f(key: str, spec: str, width: int, r: dict[str, float] = row) -> str:
@@ -77,7 +78,7 @@ def render(out: dict[str, dict[str, float]]) -> str:
 
         lines.append(
             f"{name:24} {row['ops_per_s']:9.0f} {f('x_limit', '.2f', 8)} {f('x_sqlite', '.2f', 9)} "
-            f"{f('us_per_commit', '.1f', 10)} {f('lag_p50_ms', '.3f', 11)} {f('lag_p99_ms', '.3f', 11)}"
+            f"{f('us_per_commit', '.1f', 10)} {f('lag_p50_ms', '.3f', 11)} {f('lag_p99_ms', '.3f', 11)} {f('stall_max_ms', '.3f', 13)}"
         )
     return "\n".join(lines)
 

@@ -89,6 +89,7 @@ class Row:
     samples: list[float] = field(default_factory=list)  # ops/s of each repetition
     p50_ms: float | None = None
     p99_ms: float | None = None
+    stall_max_ms: float | None = None  # the longest one commit held the event loop, any repetition
     mb_per_s: float | None = None
     ratio_to_limit: float | None = None
     ratio_to_sqlite: float | None = None
@@ -209,6 +210,8 @@ def _summarize(case: Case, samples: Sequence[w.Sample]) -> Row:
             p50s.append(percentile(lat, 50) * 1000)
             p99s.append(percentile(lat, 99) * 1000)
         row.p50_ms, row.p99_ms = median(p50s), median(p99s)
+        stalls = [s.extra["stall_max_ms"] for s in samples if "stall_max_ms" in s.extra]
+        row.stall_max_ms = max(stalls) if stalls else None
     if case.kind == "replay":
         row.mb_per_s = median([s.nbytes / s.seconds / 1e6 for s in samples])
     return row

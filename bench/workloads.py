@@ -181,7 +181,7 @@ def afterword_wal(
     *,
     disk: Disk | None = None,
     prewarm_pool: bool = True,
-    commit_mode: str | None = None,
+    inline_max_s: float | None = None,
     no_fsync: bool = False,
     lag: bool = False,
     high_water: bool = False,
@@ -189,13 +189,16 @@ def afterword_wal(
     """``concurrency`` asyncio tasks committing 1 KiB payloads to a bare WriteAheadLog.
 
     ``high_water`` gives the log a HIGHWATER mark as the record store does (each write then
-    also marks its last lsn, with its own fdatasync: issue 29's cost). ``lag`` also runs a task that sleeps 1 ms in a loop and records how late it wakes
-    (``extra["lag_p99_ms"]``): what the commit path costs everything else on the loop.
+    also marks its last lsn, with its own fdatasync: issue 29's cost). ``inline_max_s`` sets
+    the inline bound (0: every write off the loop). ``lag`` also runs a task that sleeps 1 ms in
+    a loop and records how late it wakes (``extra["lag_p99_ms"]``, ``lag_max_ms``): what the
+    commit path costs everything else on the loop. ``extra["stall_max_ms"]`` is the longest
+    time one commit held the loop (its inline write+fdatasync).
     """
     root = StateRoot(os.path.join(workdir, "state"), disk or OsDisk())
     options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync)
-    if commit_mode is not None:
-        options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync, commit_mode=commit_mode)
+    if inline_max_s is not None:
+        options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync, inline_commit_max_s=inline_max_s)
     mark = HighWater.create(root, b"\x00" * 16, 0, 0) if high_water else None
     wal, _ = WriteAheadLog.open(root, start_seq=1, checkpoint_lsn=0, options=options, high_water=mark)
     try:
@@ -223,6 +226,8 @@ def afterword_wal(
             lags.sort()
             sample.extra["lag_p99_ms"] = lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1000
             sample.extra["lag_p50_ms"] = lags[len(lags) // 2] * 1000
+            sample.extra["lag_max_ms"] = lags[-1] * 1000
+        sample.extra["stall_max_ms"] = wal.commit_stall_max_s * 1000
         sample.extra["batches"] = float(wal.stats.batches)
         sample.extra["fsyncs"] = float(wal.stats.fsyncs)
         return sample

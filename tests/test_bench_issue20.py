@@ -45,6 +45,7 @@ def synthetic_store() -> list[compare.Row]:
     ]
     compare._ratios(rows)
     rows[-1].mb_per_s = 250.0
+    rows[1].stall_max_ms = 0.42
     return rows
 
 
@@ -86,6 +87,8 @@ def test_every_issue_row_is_present_with_its_ratio_and_verdict() -> None:
     assert rows["WAL, 1 committer / SQLite WAL FULL, 1 writer"].value == pytest.approx(700 / 800)
     assert rows["WAL, 1 committer / SQLite WAL FULL, 1 writer"].verdict == "missed"
     assert rows["WAL, 64 committers / SQLite at 64"].value == pytest.approx(60.0)
+    stall = rows["WAL, 1 committer: the event loop's longest stall per commit"]
+    assert stall.now == "0.42 ms" and stall.verdict == "reported"
     opened = rows["store open 10k+50k / SQLite loading the same rows"]
     assert opened.value == pytest.approx(3.0) and opened.verdict == "missed"  # a time ratio: lower is better
     reads = rows["store open 10k+50k, serve's reads / SQLite loading the same rows"]
@@ -159,7 +162,7 @@ def _anchor(heading: str) -> str:
 def test_each_evidence_pointer_names_a_heading_of_the_performance_doc() -> None:
     doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
     anchors = {_anchor(line.lstrip("#")) for line in doc.splitlines() if line.startswith("#")}
-    assert _anchor("How the leader gets a batch written (`WalOptions.commit_mode`)") == issue20.WAL_EVIDENCE
+    assert _anchor("How the leader gets a batch written (one commit path)") == issue20.WAL_EVIDENCE
     pointers = {r.see for r in issue20.issue_rows(synthetic_store(), synthetic_e2e()) if r.see}
     assert pointers and pointers <= anchors, pointers - anchors
 

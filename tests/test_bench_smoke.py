@@ -118,15 +118,17 @@ def synthetic_rows() -> list[compare.Row]:
     return rows
 
 
-def test_committer_bench_reports_every_mode_with_ratios_and_loop_lag(tmp_path: Path) -> None:
+def test_committer_bench_reports_the_inline_bound_with_ratios_loop_lag_and_stall(tmp_path: Path) -> None:
     from bench import committer
 
     out = committer.run(1, 0.05, str(tmp_path), lambda _m: None)
     for mode in committer.MODES:
         one = out[f"{mode} c=1"]
         assert one["ops_per_s"] > 0 and one["x_limit"] > 0 and one["x_sqlite"] > 0 and "lag_p99_ms" in one
+        assert one["stall_max_ms"] >= 0
         assert out[f"{mode} c=64"]["x_sqlite"] > 0 and out[f"{mode} c=1 nosync"]["us_per_commit"] > 0
-    assert "adaptive c=1" in committer.render(out)
+    assert out["off-loop c=1"]["stall_max_ms"] == 0  # a zero bound never holds the loop
+    assert "inline c=1" in committer.render(out)
 
 
 def test_targets_are_computed_from_the_right_rows() -> None:

@@ -20,8 +20,6 @@ if str(ROOT) not in sys.path:  # tools/ is a top-level folder, not part of the i
 
 from afterword.continuations import lifecycle  # noqa: E402
 from afterword.continuations.model import Continuation  # noqa: E402
-from afterword.store import StoreOptions  # noqa: E402
-from afterword.wal import COMMIT_MODES  # noqa: E402
 from tools.crashsim import (  # noqa: E402
     PROCESS,
     REORDER,
@@ -107,16 +105,9 @@ def test_ops_run_whole_steps_and_recordings_repeat(scratch: Scratch) -> None:
 
 # -- a bounded sample (CI) ----------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", COMMIT_MODES)
-def test_bounded_sample_of_the_lifecycle_has_no_violation(mode: str, scratch: Scratch) -> None:
-    """In every commit mode a user can select: the shipped one with the full sample, the
-    others with a small one."""
-    if mode == StoreOptions().wal.commit_mode:
-        settings = Settings(budget=200, recovery_budget=8, fault_budget=48)
-    else:
-        settings = Settings(budget=60, recovery_budget=2, fault_budget=12)
-    workload = ContinuationLifecycle(seed=1, commit_mode=mode)
-    assert workload.options.wal.commit_mode == mode
+def test_bounded_sample_of_the_lifecycle_has_no_violation(scratch: Scratch) -> None:
+    settings = Settings(budget=200, recovery_budget=8, fault_budget=48)
+    workload = ContinuationLifecycle(seed=1)
     models = [explore(workload, model, settings, scratch) for model in (PROCESS, REORDER, TORN)]
     faults = run_faults(workload, settings, scratch)
     report = render(models, [faults], seconds=0.0)

@@ -114,3 +114,58 @@ def test_lock_released_when_holder_is_killed(state_dir: str) -> None:
     with RecordStore.open(state_dir, options=SMALL) as store:
         rec = store.get("held:by-child")
         assert rec is not None and rec.value == b"acknowledged before the kill"
+
+
+# An older build's ownership lock: SQLite's exclusive transaction on owner.db, nothing else.
+_SQLITE_HOLD = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    conn = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+    conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+    conn.execute("PRAGMA journal_mode=MEMORY")
+    conn.execute("BEGIN EXCLUSIVE")
+    conn.execute("CREATE TABLE IF NOT EXISTS owner (pid INTEGER NOT NULL)")
+    conn.execute("COMMIT")
+    print("READY", flush=True)
+    time.sleep(120)
+    """
+)
+
+_SQLITE_TRY = textwrap.dedent(
+    """
+    import sqlite3, sys
+    conn = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+    except sqlite3.OperationalError as exc:
+        print("BUSY", exc, flush=True)
+    else:
+        print("GOT IT", flush=True)
+    """
+)
+
+
+def test_the_sqlite_lock_is_taken_as_an_older_build_would_see_it(state_dir: str) -> None:
+    """Taken through the disk seam now, not through SQLite: an older build's ``BEGIN
+    EXCLUSIVE`` on owner.db must still find it held while a store is open, and free after."""
+    populate(state_dir)
+    owner_db = os.path.join(state_dir, "owner.db")
+    with RecordStore.open(state_dir, options=SMALL):
+        out = subprocess.run([sys.executable, "-c", _SQLITE_TRY, owner_db], capture_output=True, text=True, timeout=60)
+        assert out.stdout.startswith("BUSY"), out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-c", _SQLITE_TRY, owner_db], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("GOT IT"), out.stdout + out.stderr
+
+
+def test_an_older_builds_sqlite_lock_refuses_the_open(state_dir: str) -> None:
+    populate(state_dir)
+    owner_db = os.path.join(state_dir, "owner.db")
+    child = subprocess.Popen([sys.executable, "-c", _SQLITE_HOLD, owner_db], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().startswith("READY")
+        with pytest.raises(StoreLockedError, match="SQLite lock"):
+            RecordStore.open(state_dir, options=SMALL)
+    finally:
+        child.kill()
+        child.wait()
+    RecordStore.open(state_dir, options=SMALL).close()  # free again once that holder is gone

@@ -163,10 +163,10 @@ async def test_boundary_counts_a_reserved_but_not_durable_tool_call(state_dir: s
         def fsync(self, fd: int) -> None:
             gate.wait(10)
 
-    # The held flush must run on the log-writer thread: written inline (the default for a lone
+    # The held flush must run off the loop (a zero inline bound): written inline (the default for a lone
     # commit on a fast disk) it would block the event loop until the gate's timeout, and the
     # boundary would be read only after the call was already durable.
-    held_off_loop = StoreOptions(wal=dataclasses.replace(SMALL.wal, commit_mode="writer"))
+    held_off_loop = StoreOptions(wal=dataclasses.replace(SMALL.wal, inline_commit_max_s=0.0))
     gate.set()
     async with opened(state_dir, HeldDisk(), held_off_loop) as (journal, history):
         notes = TaskNotifications(journal, history)

@@ -32,8 +32,8 @@ from afterword.wal.shadow import SHADOW_OVERHEAD
 
 BIG = WalOptions(segment_size=64 * 1024, max_payload=1024, max_log_bytes=1024 * 1024)
 # For tests that hold an fdatasync until the loop releases it: that write must run off the
-# event loop, so not inline (the default for a lone commit on a fast disk).
-HELD = dataclasses.replace(BIG, commit_mode="writer")
+# event loop, so not inline (a zero bound: the default writes a lone commit on a fast disk inline).
+HELD = dataclasses.replace(BIG, inline_commit_max_s=0.0)
 SMALL = WalOptions(segment_size=4096, max_payload=1024, max_log_bytes=3 * 4096)
 _FRAME_HEAD = struct.Struct("<IIQQ")
 

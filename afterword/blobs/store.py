@@ -17,7 +17,6 @@ from hashlib import sha256
 import blake3
 
 from ..disk import StateRoot, UnsafeStateError
-from ..disk.root import CheckedRoot
 from ..disk.rules import check_file_stat
 from ..store.keys import BLOB_BINDING, derive_key
 from .errors import (
@@ -38,7 +37,7 @@ def blob_digest(data: bytes) -> str:
     return blake3.blake3(data).hexdigest()
 
 
-def stored_sizes(root: CheckedRoot, rel_dir: str) -> dict[str, int]:
+def stored_sizes(root: StateRoot, rel_dir: str) -> dict[str, int]:
     """The size of every blob in ``rel_dir`` (absent: none), each held to the state-file rules
     (``UnsafeStateError``: a symlink, a non-regular file, a hard link, another owner, group or
     other bits). Files not named by a digest are foreign: left alone and never served. The

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+from collections.abc import Callable
 
 from .errors import DiskFailedError, DurabilityError, StorageFullError, UnsafeStateError
 from .rules import (
@@ -36,9 +37,9 @@ from .seam import Disk, OsDisk
 
 
 class CheckedRoot:
-    """An owner-only directory tree whose every access is checked: the reading half of
-    :class:`~afterword.disk.StateRoot` (paths, directory walks, validated opens and reads,
-    identity checks) and the poison flag its writers set.
+    """An owner-only directory tree whose every access is checked: paths, directory walks,
+    validated opens and reads, identity checks, and the poison flag writers set. A
+    :class:`~afterword.disk.StateRoot` holds one and adds the writes.
 
     Args:
         root: the state directory; created (mode 0700, parent fsynced) when ``create``.
@@ -75,13 +76,14 @@ class CheckedRoot:
                 "reopen to recover"
             ) from None
 
-    def _durable(self, path: str, operation: str, fn: object, *args: object) -> None:
+    def durable(self, path: str, operation: str, fn: Callable[..., object], *args: object) -> None:
+        """Run one mutating seam call; a failure poisons the root (never retried)."""
         self.check_writable()
         try:
-            fn(*args)  # type: ignore[operator]
+            fn(*args)
         except OSError as exc:
             err = DurabilityError(path, operation, exc.errno)
-            self._failed = err
+            self.fail(err)
             raise err from None
 
     def path(self, rel: str) -> str:
@@ -98,11 +100,27 @@ class CheckedRoot:
             self.disk.lstat(self.root)
         except FileNotFoundError:
             parent = os.path.dirname(self.root)
-            os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
+            self._make_parents(parent)
             self.disk.mkdir(self.root, DIR_MODE)
-            self._durable(parent, "fsync_dir", self.disk.fsync_dir, parent)
+            self.durable(parent, "fsync_dir", self.disk.fsync_dir, parent)
         except NotADirectoryError:
             pass  # a file in the path above: _check_root names it
+
+    def _make_parents(self, path: str) -> None:
+        """``os.makedirs(path, exist_ok=True)`` through the seam (mode 0700)."""
+        missing: list[str] = []
+        while True:
+            try:
+                self.disk.lstat(path)
+                break
+            except FileNotFoundError:
+                missing.append(path)
+                path = os.path.dirname(path)
+        for directory in reversed(missing):
+            try:
+                self.disk.mkdir(directory, DIR_MODE)
+            except FileExistsError:
+                pass  # made meanwhile by someone else: as good
 
     def _check_root(self) -> None:
         try:
@@ -213,14 +231,15 @@ class CheckedRoot:
         self.check_dir(rel)
         return sorted(self.disk.listdir(self.path(rel)))
 
-    def _split(self, rel: str) -> tuple[str, str]:
+    def split(self, rel: str) -> tuple[str, str]:
+        """``rel`` as (its directory, its name), every component validated."""
         head, _, name = rel.rpartition("/")
         self.path(rel)  # validates components
         return head, name
 
     def open_file(self, rel: str, *, writable: bool = False, create: bool = False) -> FileHandle:
         """Open a file fail-closed; ``create`` makes it 0600 with ``O_EXCL``."""
-        head, name = self._split(rel)
+        head, name = self.split(rel)
         full = self.path(rel)
         dfd = self._open_dir_fd(head)
         try:

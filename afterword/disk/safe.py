@@ -1,8 +1,9 @@
 """Fail-closed writes to an owner-only state directory: atomic replaces, whole-file creation,
 fsyncs that poison the root when they fail (never retried), and removals.
 
-Reading and the rules every file must pass live in :mod:`afterword.disk.root` and
-:mod:`afterword.disk.rules`; this module's names stay importable from here.
+Reading and the rules every file must pass live in :mod:`afterword.disk.root` (a
+:class:`StateRoot` holds a :class:`~afterword.disk.root.CheckedRoot` and forwards its reads
+to it) and :mod:`afterword.disk.rules`; this module's names stay importable from here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .rules import (
     check_file_stat,
     is_temp_name,
 )
+from .seam import Disk
 
 __all__ = [
     "DIR_MODE",
@@ -36,14 +38,91 @@ __all__ = [
 _temp_counter = itertools.count()
 
 
-class StateRoot(CheckedRoot):
+class StateRoot:
     """An owner-only directory tree whose every access is checked (see :mod:`.root` for
-    the rules), with the writes that keep it durable.
+    the rules), with the writes that keep it durable. Reads, checks and the poison flag are
+    its :class:`CheckedRoot`'s (``checked``); every write here takes the poison path: a failed
+    write, flush, truncate or allocation poisons the root, and nothing is retried.
 
     Args:
         root: the state directory; created (mode 0700, parent fsynced) when ``create``.
         disk: the seam; :class:`~afterword.disk.OsDisk` by default.
     """
+
+    def __init__(self, root: str, disk: Disk | None = None, *, create: bool = True) -> None:
+        self.checked = CheckedRoot(root, disk, create=create)
+        self.root = self.checked.root
+        self.disk = self.checked.disk
+        self.euid = self.checked.euid
+
+    # -- reads and checks: the checked root's ---------------------------------------------------
+    def path(self, rel: str) -> str:
+        return self.checked.path(rel)
+
+    def split(self, rel: str) -> tuple[str, str]:
+        return self.checked.split(rel)
+
+    def check_dir(self, rel: str) -> None:
+        self.checked.check_dir(rel)
+
+    def exists(self, rel: str) -> bool:
+        return self.checked.exists(rel)
+
+    def listdir(self, rel: str) -> list[str]:
+        return self.checked.listdir(rel)
+
+    def open_file(self, rel: str, *, writable: bool = False, create: bool = False) -> FileHandle:
+        return self.checked.open_file(rel, writable=writable, create=create)
+
+    def close(self, handle: FileHandle) -> None:
+        self.checked.close(handle)
+
+    def check_identity(self, handle: FileHandle, *, size: int | None = None) -> None:
+        self.checked.check_identity(handle, size=size)
+
+    def read_file(self, rel: str, *, max_size: int) -> bytes:
+        return self.checked.read_file(rel, max_size=max_size)
+
+    def read_all(self, rel_dir: str, names: list[str], *, max_size: int) -> list[tuple[str, bytes]]:
+        return self.checked.read_all(rel_dir, names, max_size=max_size)
+
+    def pread(self, handle: FileHandle, size: int, offset: int) -> bytes:
+        return self.checked.pread(handle, size, offset)
+
+    def lock_root(self) -> FileHandle:
+        """The root directory, open and ``flock``ed exclusively (see ``CheckedRoot``)."""
+        return self.checked.lock_root()
+
+    def check_root_identity(self, handle: FileHandle) -> None:
+        self.checked.check_root_identity(handle)
+
+    def leave_gone_marker(self, text: bytes) -> bool:
+        return self.checked.leave_gone_marker(text)
+
+    # -- the poison flag and the space notes (the checked root's) ------------------------------
+    @property
+    def failed(self) -> Exception | None:
+        return self.checked.failed
+
+    @property
+    def full(self) -> StorageFullError | None:
+        """The last write refused for lack of space, until a write succeeds."""
+        return self.checked.full
+
+    @full.setter
+    def full(self, err: StorageFullError | None) -> None:
+        self.checked.full = err
+
+    @property
+    def storage_full_total(self) -> int:
+        return self.checked.storage_full_total
+
+    def fail(self, exc: Exception) -> None:
+        """Poison the root (see ``CheckedRoot.fail``)."""
+        self.checked.fail(exc)
+
+    def check_writable(self) -> None:
+        self.checked.check_writable()
 
     # -- directories -------------------------------------------------------------------------
     def ensure_dir(self, rel: str) -> bool:
@@ -57,38 +136,40 @@ class StateRoot(CheckedRoot):
                 self.check_writable()
                 self.disk.mkdir(full, DIR_MODE)
                 parent = os.path.dirname(full)
-                self._durable(parent, "fsync_dir", self.disk.fsync_dir, parent)
+                self.checked.durable(parent, "fsync_dir", self.disk.fsync_dir, parent)
                 created = True
         self.check_dir(rel)
         return created
 
     def sync_dir(self, rel: str) -> None:
         full = self.path(rel)
-        self._durable(full, "fsync_dir", self.disk.fsync_dir, full)
+        self.checked.durable(full, "fsync_dir", self.disk.fsync_dir, full)
 
     def pwrite(self, handle: FileHandle, data: bytes, offset: int) -> None:
-        self.check_writable()
+        self.checked.check_writable()
         try:
             self.disk.pwrite(handle.fd, data, offset)
         except OSError as exc:
             # A failed write leaves the page cache in an unknown state: as fatal as fsync.
             err = DurabilityError(handle.path, "write", exc.errno)
-            self._failed = err
+            self.fail(err)
             raise err from None
 
     def fsync(self, handle: FileHandle) -> None:
-        self._durable(handle.path, "fsync", self.disk.fsync, handle.fd)
+        self.checked.durable(handle.path, "fsync", self.disk.fsync, handle.fd)
 
     def fdatasync(self, handle: FileHandle) -> None:
-        self._durable(handle.path, "fdatasync", self.disk.fdatasync, handle.fd)
+        self.checked.durable(handle.path, "fdatasync", self.disk.fdatasync, handle.fd)
 
     def truncate(self, handle: FileHandle, length: int) -> None:
-        self.check_writable()
-        self.disk.ftruncate(handle.fd, length)
+        """Cut or extend ``handle``'s file to ``length``; a failure poisons the root like any
+        write (the file's size is then unknown)."""
+        self.checked.durable(handle.path, "truncate", self.disk.ftruncate, handle.fd, length)
 
     def fallocate(self, handle: FileHandle, length: int) -> None:
-        self.check_writable()
-        self.disk.fallocate(handle.fd, 0, length)
+        """Allocate ``length`` bytes of ``handle``'s file; a failure poisons the root like any
+        write (part of the range may be allocated)."""
+        self.checked.durable(handle.path, "fallocate", self.disk.fallocate, handle.fd, 0, length)
 
     def write_atomic(self, rel: str, data: bytes, *, sync_dir: bool = True) -> None:
         """Replace ``rel`` atomically: temp in the same dir, write, fsync, rename, fsync dir.
@@ -96,7 +177,7 @@ class StateRoot(CheckedRoot):
         With ``sync_dir=False`` the caller batches the directory fsync via :meth:`sync_dir`.
         """
         self.check_writable()
-        head, name = self._split(rel)
+        head, name = self.split(rel)
         temp_rel = (head + "/" if head else "") + f".{name}{TEMP_MARK}{os.getpid()}-{next(_temp_counter)}"
         handle = self.open_file(temp_rel, writable=True, create=True)
         try:
@@ -108,7 +189,7 @@ class StateRoot(CheckedRoot):
                 if storage_errno(exc):
                     raise self._full(rel, exc) from None
                 err = DurabilityError(handle.path, "write", exc.errno)
-                self._failed = err
+                self.fail(err)
                 raise err from None
             self.fsync(handle)
             self.check_identity(handle)
@@ -135,7 +216,7 @@ class StateRoot(CheckedRoot):
         without poisoning the root: nothing durable changed, so a later retry is safe.
         """
         self.check_writable()
-        head, name = self._split(rel)
+        head, name = self.split(rel)
         temp_rel = (head + "/" if head else "") + f".{name}{TEMP_MARK}{os.getpid()}-{next(_temp_counter)}"
         temp_path = self.path(temp_rel)
         try:
@@ -160,7 +241,7 @@ class StateRoot(CheckedRoot):
                     raise self._full(rel, exc) from None
                 # Anything else is the disk failing: as fatal as any failed fsync.
                 err = DurabilityError(self.path(rel), operation, exc.errno)
-                self._failed = err
+                self.fail(err)
                 raise err from None
             self.check_identity(handle)
             self.disk.rename(temp_path, self.path(rel))
@@ -175,8 +256,8 @@ class StateRoot(CheckedRoot):
 
     def _full(self, rel: str, exc: OSError) -> StorageFullError:
         err = StorageFullError(self.path(rel), exc.errno)
-        self.full = err
-        self.storage_full_total += 1
+        self.checked.full = err
+        self.checked.storage_full_total += 1
         return err
 
     def _discard(self, path: str) -> None:
@@ -188,7 +269,7 @@ class StateRoot(CheckedRoot):
     def remove(self, rel: str, *, sync_dir: bool = True) -> bool:
         """Unlink ``rel`` if present; True if it existed."""
         self.check_writable()
-        head, _ = self._split(rel)
+        head, _ = self.split(rel)
         try:
             self.disk.unlink(self.path(rel))
         except FileNotFoundError:

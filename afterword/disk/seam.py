@@ -66,6 +66,11 @@ class Disk(Protocol):
     def flock(self, fd: int, operation: int) -> None:
         ...
 
+    def lock_range(self, fd: int, start: int, length: int) -> None:
+        """An exclusive, non-blocking POSIX record lock on ``length`` bytes from ``start``
+        (``BlockingIOError`` or ``PermissionError`` while another process holds one)."""
+        ...
+
 
 class OsDisk:
     """The production seam: thin wrappers over ``os``."""
@@ -138,6 +143,9 @@ class OsDisk:
 
     def flock(self, fd: int, operation: int) -> None:
         fcntl.flock(fd, operation)
+
+    def lock_range(self, fd: int, start: int, length: int) -> None:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start)
 
 
 class NoSyncDisk(OsDisk):

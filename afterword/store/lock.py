@@ -1,9 +1,12 @@
 """Process-lifetime ownership of a state directory: a ``flock`` on the directory itself and
-an SQLite exclusive lock in ``owner.db``.
+SQLite's exclusive lock on ``owner.db``.
 
 Both locks live in open descriptors; the OS releases them when the process dies, so there is
 no stale pid file to clean. The SQLite lock is the one the format has always promised (older
-builds take only that one). It belongs to the file ``owner.db``, so deleting that file would
+builds take only that one, through SQLite). It is taken here through the disk seam, without
+SQLite: the same POSIX record lock SQLite's unix VFS takes for an exclusive transaction, on
+the bytes it locks (the pending, reserved and shared bytes at 1 GiB), so an older build's
+``BEGIN EXCLUSIVE`` finds the file locked and this build finds an older build's lock. It belongs to the file ``owner.db``, so deleting that file would
 let a second opener create a fresh one and lock it; the directory's own ``flock`` cannot be
 removed that way, so a second opener, in another process or this one, gets
 :class:`StoreLockedError` at once either way. The owner re-checks (:meth:`OwnershipLock.check`)
@@ -13,8 +16,6 @@ that both names still refer to what it locked; when one changed it must stop wri
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import threading
 
 from ..disk import FileHandle, StateRoot, UnsafeStateError
@@ -31,6 +32,9 @@ _held_lock = threading.Lock()
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# SQLite's lock bytes (os_unix.c): PENDING_BYTE, then RESERVED_BYTE, then the 510 shared bytes.
+SQLITE_LOCK_START = 0x40000000
+SQLITE_LOCK_LENGTH = 2 + 510
 
 
 def check_lock_file(root: StateRoot) -> tuple[int, int] | None:
@@ -54,14 +58,12 @@ def check_lock_file(root: StateRoot) -> tuple[int, int] | None:
 
 
 class OwnershipLock:
-    def __init__(
-        self, root: StateRoot, dir_lock: FileHandle, conn: sqlite3.Connection, identity: tuple[int, int], path: str
-    ) -> None:
+    def __init__(self, root: StateRoot, dir_lock: FileHandle, db_lock: FileHandle) -> None:
         self._root = root
         self._dir_lock: FileHandle | None = dir_lock
-        self._conn: sqlite3.Connection | None = conn
-        self._identity = identity
-        self.path = path
+        self._db_lock: FileHandle | None = db_lock  # closing it drops the SQLite lock
+        self._identity = (db_lock.dev, db_lock.ino)
+        self.path = db_lock.path
 
     @classmethod
     def acquire(cls, root: StateRoot) -> OwnershipLock:
@@ -73,14 +75,14 @@ class OwnershipLock:
                 "(the lock on the directory itself is held)"
             ) from None
         try:
-            conn, identity, path = cls._lock_owner_db(root)
+            db_lock = cls._lock_owner_db(root)
         except BaseException:
             root.close(dir_lock)
             raise
-        return cls(root, dir_lock, conn, identity, path)
+        return cls(root, dir_lock, db_lock)
 
     @staticmethod
-    def _lock_owner_db(root: StateRoot) -> tuple[sqlite3.Connection, tuple[int, int], str]:
+    def _lock_owner_db(root: StateRoot) -> FileHandle:
         if not root.exists(OWNER_DB):
             handle = root.open_file(OWNER_DB, writable=True, create=True)
             root.fsync(handle)
@@ -98,34 +100,25 @@ class OwnershipLock:
         try:
             if check_lock_file(root) != identity:  # fail-closed checks on the lock file itself
                 raise UnsafeStateError(path, "identity_changed", "replaced while opening")
-            conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+            handle = root.open_file(OWNER_DB, writable=True)
             try:
-                conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-                conn.execute("PRAGMA journal_mode=MEMORY")
-                conn.execute("BEGIN EXCLUSIVE")
-                conn.execute("CREATE TABLE IF NOT EXISTS owner (pid INTEGER NOT NULL)")
-                conn.execute("DELETE FROM owner")
-                conn.execute("INSERT INTO owner (pid) VALUES (?)", (os.getpid(),))
-                conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                conn.close()
-                if "locked" in str(exc) or "busy" in str(exc):
-                    raise StoreLockedError(
-                        f"{root.root}: state directory is owned by another process (the SQLite lock "
-                        f"of {path} is held)"
-                    ) from None
-                raise UnsafeStateError(path, "bad_lock_file", type(exc).__name__) from None
-            except sqlite3.DatabaseError:
-                # Garbage in owner.db: it holds no state, but it is not ours to delete either.
-                conn.close()
-                raise UnsafeStateError(
-                    path, "bad_lock_file", "not an SQLite database; remove it while no host runs"
+                if (handle.dev, handle.ino) != identity:
+                    raise UnsafeStateError(path, "identity_changed", "replaced while opening")
+                root.disk.lock_range(handle.fd, SQLITE_LOCK_START, SQLITE_LOCK_LENGTH)
+            except (BlockingIOError, PermissionError):
+                root.close(handle)
+                raise StoreLockedError(
+                    f"{root.root}: state directory is owned by another process (the SQLite lock "
+                    f"of {path} is held)"
                 ) from None
+            except BaseException:
+                root.close(handle)
+                raise
         except BaseException:
             with _held_lock:
                 _held.discard(identity)
             raise
-        return conn, identity, path
+        return handle
 
     def check(self) -> None:
         """Raise :class:`OwnershipLostError` unless the state directory and ``owner.db`` are
@@ -163,9 +156,9 @@ class OwnershipLock:
             raise OwnershipLostError(self.path, "the lock file was replaced")
 
     def release(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._db_lock is not None:
+            self._root.close(self._db_lock)
+            self._db_lock = None
             with _held_lock:
                 _held.discard(self._identity)
         if self._dir_lock is not None:

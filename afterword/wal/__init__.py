@@ -4,11 +4,9 @@ from .errors import TransactionTooLarge, WalClosedError, WalCorruptError, WalErr
 from .frame import Frame, SegmentHeader, decode_frame_at, encode_frame
 from .frames import LogFrames
 from .log import WalOptions, WalStatistics, WriteAheadLog
-from .options import COMMIT_MODES
 from .scan import NamedSegment, ReplayPlan, SegmentImage, scan_chain
 
 __all__ = [
-    "COMMIT_MODES",
     "Frame",
     "LogFrames",
     "NamedSegment",

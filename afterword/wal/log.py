@@ -6,6 +6,10 @@ concurrent committers share that fdatasync (group commit). The first committer t
 flush in progress becomes the leader: it takes every queued payload, writes them with one
 ``pwrite`` per segment and one ``fdatasync`` per touched segment, wakes the waiters, and
 repeats until the queue is empty.
+
+``WriteAheadLog`` is that group commit only. It holds the segments and their synchronous
+batch write (a :class:`~afterword.wal.segments.SegmentLog`) and hands lsns out; the open
+fills the segments from disk (``recovery.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import anyio.lowlevel
 
 from ..disk import StateRoot, StorageFullError
 from .committer import Committer
-from .frame import SEGMENT_HEADER_SIZE
+from .errors import WalClosedError
 from .frames import LogFrames
 from .highwater import HighWater
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
@@ -51,20 +55,77 @@ class _Batch:
             woken.set()
 
 
-class WriteAheadLog(SegmentLog):
+class WriteAheadLog:
     """A bounded write-ahead log in ``<root>/<rel_dir>``; open it with :meth:`open`."""
 
     def __init__(self, root: StateRoot, rel_dir: str, options: WalOptions) -> None:
-        super().__init__(root, rel_dir, options)
+        self._segments = SegmentLog(root, rel_dir, options)
+        self.next_lsn = 1  # the next lsn to hand out; every lower one is durable or queued
+        self._closed = False
         self._pending: list[tuple[int, bytes]] = []
         self._open_batch = _Batch()
         self._leader = False
         # Called (in the event loop) when a group write ran out of space before writing
         # anything: every lsn from the argument on is void and will be assigned again.
         self.on_rollback: Callable[[int], None] | None = None
-        self._committer = Committer(
-            self.write_batch, options.commit_mode, options.inline_commit_max_s, self.fits_tail
-        )
+        segments = self._segments
+        self._committer = Committer(segments.write_batch, options.inline_commit_max_s, segments.fits_tail)
+
+    # -- the segments, seen from outside -------------------------------------------------------
+    @property
+    def root(self) -> StateRoot:
+        return self._segments.root
+
+    @property
+    def options(self) -> WalOptions:
+        return self._segments.options
+
+    @property
+    def stats(self) -> WalStatistics:
+        return self._segments.stats
+
+    @property
+    def durable_lsn(self) -> int:
+        return self._segments.durable_lsn
+
+    @property
+    def log_bytes(self) -> int:
+        return self._segments.log_bytes
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        return self._segments.needs_checkpoint
+
+    @property
+    def on_segment_start(self) -> Callable[[], None] | None:
+        """Called once a new segment life's header is durable (``SegmentLog``)."""
+        return self._segments.on_segment_start
+
+    @on_segment_start.setter
+    def on_segment_start(self, hook: Callable[[], None] | None) -> None:
+        self._segments.on_segment_start = hook
+
+    @property
+    def high_water(self) -> HighWater | None:
+        """Marked after every durable write, before anyone is told (``highwater.py``)."""
+        return self._segments.high_water
+
+    @high_water.setter
+    def high_water(self, mark: HighWater | None) -> None:
+        self._segments.high_water = mark
+
+    def live_segments(self, start_seq: int) -> list[NamedSegment]:
+        return self._segments.live_segments(start_seq)
+
+    def retire_before(self, start_seq: int) -> None:
+        self._segments.retire_before(start_seq)
+
+    def check_payload(self, payload: bytes) -> None:
+        self._segments.check_payload(payload)
+
+    def write_batch(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Write ``items`` durably now (the leader's job; see ``SegmentLog.write_batch``)."""
+        self._segments.write_batch(items)
 
     # -- opening and replay ------------------------------------------------------------------
     @classmethod
@@ -94,8 +155,8 @@ class WriteAheadLog(SegmentLog):
         """
         wal = cls(root, rel_dir, options or WalOptions())
         try:
-            frames = recover(  # recovery.py (F2)
-                wal,
+            frames = recover(
+                wal._segments,
                 start_seq=start_seq,
                 checkpoint_lsn=checkpoint_lsn,
                 named=list(named),
@@ -108,6 +169,7 @@ class WriteAheadLog(SegmentLog):
             if high_water is not None:
                 high_water.close()
             raise
+        wal.next_lsn = wal.durable_lsn + 1
         if high_water is not None:
             high_water.sync = not wal.options.unsafe_no_fsync
             wal.high_water = high_water
@@ -177,12 +239,15 @@ class WriteAheadLog(SegmentLog):
                     # leave a hole that makes every later frame look like lost data.
                     if not self._committer.write_inline(items):
                         with anyio.CancelScope(shield=True):
-                            await self._committer.write(items)
+                            await self._committer.write_off_loop(items)
                 except BaseException as exc:
                     current.error = exc
                     if isinstance(exc, StorageFullError) and self.root.failed is None:
                         self._void_from(items[0][0], exc)
                     raise
+                else:
+                    # Whoever is woken next may be acknowledged: its frame must be durable.
+                    assert self._segments.durable_lsn == items[-1][0], "a batch is durable before its wake-up"
                 finally:
                     current.done = True
                     current.wake()
@@ -215,6 +280,11 @@ class WriteAheadLog(SegmentLog):
         await self.wait(batch)
         return lsn
 
+    @property
+    def commit_stall_max_s(self) -> float:
+        """The longest the event loop was held by one commit's inline write, seconds."""
+        return self._committer.longest_inline_s
+
     # -- checkpoint support ------------------------------------------------------------------
     async def flush(self) -> None:
         """Make every queued payload durable (used before a checkpoint)."""
@@ -229,17 +299,21 @@ class WriteAheadLog(SegmentLog):
         """
         if self._pending or self._leader:
             raise RuntimeError("roll with transactions still queued")
-        self._tail = None
-        self._tail_offset = SEGMENT_HEADER_SIZE
-        return self._next_seq, self.next_lsn - 1
+        assert self.next_lsn == self.durable_lsn + 1, "nothing queued, so everything handed out is durable"
+        return self._segments.end_tail(), self.durable_lsn
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WalClosedError("write-ahead log is closed")
 
     def close(self) -> None:
-        self._committer.close()
-        super().close()
+        self._closed = True
+        self._segments.close()
 
     def __repr__(self) -> str:
         return (
-            f"<WriteAheadLog next_lsn={self.next_lsn} segments={len(self._chain)} "
+            f"<WriteAheadLog next_lsn={self.next_lsn} segments={self.log_bytes // self.options.segment_size} "
             f"commits={self.stats.commits} fsyncs={self.stats.fsyncs}>"
         )
 

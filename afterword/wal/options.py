@@ -9,10 +9,6 @@ from .shadow import SHADOW_OVERHEAD
 
 MiB = 1024 * 1024
 
-# The commit modes a user can select (``committer.py``); the crash simulator tests each of them.
-COMMIT_MODES: tuple[str, ...] = ("adaptive", "writer", "thread")
-
-
 # fsync latency histogram bucket upper bounds, seconds (exponential, as etcd does).
 FSYNC_BUCKETS: tuple[float, ...] = tuple(0.0001 * 2**i for i in range(16))
 
@@ -31,17 +27,14 @@ class WalOptions:
     max_log_bytes: int = 64 * MiB
     zero_fill: bool = True
     unsafe_no_fsync: bool = False
-    # How the group-commit leader gets a batch written (``committer.py``): "adaptive" (a
-    # dedicated log-writer thread, plus inline writing of a lone commit while write+fdatasync
-    # stays under ``inline_commit_max_s``, which bounds the event loop's usual stall; an
-    # overrun turns inline writing off for a while), "writer" (the thread only) or "thread"
-    # (the generic thread pool).
-    commit_mode: str = "adaptive"
+    # A lone commit is written on the event loop while write+fdatasync stays under this bound,
+    # which is then the loop's usual stall per commit; other batches go to a worker thread
+    # (``committer.py``).
     inline_commit_max_s: float = 0.0005
 
     def __post_init__(self) -> None:
-        if self.commit_mode not in COMMIT_MODES:
-            raise ValueError("commit_mode must be 'thread', 'writer' or 'adaptive'")
+        if not self.inline_commit_max_s >= 0:
+            raise ValueError("inline_commit_max_s must be a number of seconds, 0 or more")
         if self.segment_size < SEGMENT_HEADER_SIZE + 2 * frame_size(self.max_payload) + SHADOW_OVERHEAD:
             # Every write carries a shadow copy of itself (``shadow.py``), so that damage to
             # the last write is repaired from the copy instead of being cut as a torn write.

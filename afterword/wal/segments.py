@@ -1,8 +1,8 @@
 """Segment slots and the synchronous write of one batch (frames + shadow per segment).
 
 ``SegmentLog`` owns the slots, the live chain and the tail; ``write_batch`` writes one group
-of ``(lsn, payload)`` items durably. Group commit (``log.py``) and replay (``recovery.py``)
-build on it.
+of ``(lsn, payload)`` items durably. Group commit (``log.py``) holds one; an open fills it
+from disk through :meth:`SegmentLog.adopt_slot` and :meth:`SegmentLog.resume`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..disk import FileHandle, StateRoot, StorageFullError
-from .errors import TransactionTooLarge, WalClosedError
-from .frame import SEGMENT_HEADER_SIZE, SegmentHeader, encode_frame, encode_segment_header, frame_size
+from .errors import TransactionTooLarge
+from .frame import ALIGN, SEGMENT_HEADER_SIZE, SegmentHeader, encode_frame, encode_segment_header, frame_size
 from .highwater import HighWater, frame_check
 from .options import WalOptions, WalStatistics
 from .scan import NamedSegment
@@ -48,8 +48,7 @@ class SegmentLog:
         self._tail: _Segment | None = None
         self._tail_offset = SEGMENT_HEADER_SIZE
         self._next_seq = 1
-        self.next_lsn = 1
-        self.durable_lsn = 0
+        self.durable_lsn = 0  # the last lsn whose frame is durable; the next write continues it
         self._write_lock = threading.Lock()
         self._closed = False
         self._frames_written = False
@@ -61,16 +60,13 @@ class SegmentLog:
         # evidence of how far the log was acknowledged that a segment cannot roll back with.
         self.high_water: HighWater | None = None
 
-    def _slot_rel(self, slot: int) -> str:
+    def slot_rel(self, slot: int) -> str:
         return f"{self.rel_dir}/{slot:08d}{SEGMENT_SUFFIX}"
 
-    # -- what recovery.py uses: its only way into the slots and the chain --------------------
-    def slot_rel(self, slot: int) -> str:
-        return self._slot_rel(slot)
-
+    # -- filling the view from disk (an open) --------------------------------------------------
     def adopt_slot(self, slot: int, handle: FileHandle, size: int) -> None:
-        """Register a slot file found on disk, free until :meth:`resume` names it."""
-        assert slot not in self._segments, "each slot file is adopted once"
+        """Register a slot file found on disk; it counts as free until :meth:`resume`."""
+        assert slot not in self._segments, f"slot {slot} adopted twice"
         self._segments[slot] = _Segment(slot, handle, size)
 
     def slot_handle(self, slot: int) -> FileHandle:
@@ -84,25 +80,36 @@ class SegmentLog:
         durable_lsn: int,
         tail: tuple[int, int] | None,
     ) -> None:
-        """End an open: ``headers`` are the live chain's lives (every other adopted slot is
-        free), ``tail`` the ``(slot, offset)`` writing continues at (None: a new life)."""
+        """End an open: ``headers`` are the live chain's slots (every other adopted slot is
+        free), ``tail`` the ``(slot, offset)`` the next write appends at, or None when the next
+        write starts a new segment life."""
+        for seg in self._segments.values():
+            seg.header, seg.named = None, False
         chain = sorted(headers, key=lambda slot: headers[slot].seq)
         seqs = [headers[slot].seq for slot in chain]
-        assert all(a < b for a, b in itertools.pairwise(seqs)), "chain seqs strictly increase"
-        assert all(seq < next_seq for seq in seqs), "the next life gets a new seq"
-        for slot, seg in self._segments.items():
-            seg.header = headers.get(slot)
-            seg.named = slot in headers  # on disk already: durable
+        assert all(a < b for a, b in itertools.pairwise(seqs)), f"chain seqs {seqs} repeat"
+        assert not seqs or next_seq > seqs[-1], f"next seq {next_seq} is not past the chain {seqs}"
+        assert durable_lsn >= 0
+        for slot in chain:
+            seg = self._segments[slot]
+            seg.header, seg.named = headers[slot], True  # on disk already: durable
         self._chain = chain
         self._next_seq = next_seq
         self.durable_lsn = durable_lsn
-        self.next_lsn = durable_lsn + 1
-        if tail is not None:
+        if tail is None:
+            self.end_tail()
+        else:
             slot, offset = tail
-            assert chain and chain[-1] == slot, "the tail is the last life of the chain"
-            assert offset % 8 == 0 and SEGMENT_HEADER_SIZE <= offset <= self._segments[slot].size
-            self._tail = self._segments[slot]
-            self._tail_offset = offset
+            assert chain and chain[-1] == slot, f"tail slot {slot} is not the chain's last"
+            assert offset % ALIGN == 0 and SEGMENT_HEADER_SIZE <= offset <= self._segments[slot].size
+            self._tail, self._tail_offset = self._segments[slot], offset
+
+    def end_tail(self) -> int:
+        """The next write starts a new segment life (a checkpoint rolls the log this way);
+        return that life's seq."""
+        self._tail = None
+        self._tail_offset = SEGMENT_HEADER_SIZE
+        return self._next_seq
 
     def live_segments(self, start_seq: int) -> list[NamedSegment]:
         """Segment lives of the chain from ``start_seq`` on whose header is durable."""
@@ -145,7 +152,7 @@ class SegmentLog:
         """A new zero-filled slot, created whole or not at all (``StorageFullError``)."""
         slot = max(self._segments, default=-1) + 1
         handle = self.root.create_whole(
-            self._slot_rel(slot), self.options.segment_size, zero_fill=self.options.zero_fill
+            self.slot_rel(slot), self.options.segment_size, zero_fill=self.options.zero_fill
         )
         seg = _Segment(slot, handle, self.options.segment_size)
         self._segments[slot] = seg
@@ -197,6 +204,9 @@ class SegmentLog:
             return
         with self._write_lock:
             self.root.check_writable()
+            # The group-commit layer hands out lsns in order and never leaves a hole.
+            assert items[0][0] == self.durable_lsn + 1, f"batch at lsn {items[0][0]} after {self.durable_lsn}"
+            assert items[-1][0] - items[0][0] == len(items) - 1, "a batch's lsns are contiguous"
             try:
                 new_lives = self._prepare_slots(items)
             except StorageFullError:
@@ -352,10 +362,6 @@ class SegmentLog:
         self._chain = keep
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise WalClosedError("write-ahead log is closed")
-
     def close(self) -> None:
         self._closed = True
         for seg in self._segments.values():

@@ -148,6 +148,9 @@ class FaultyDisk:
     def flock(self, fd: int, operation: int) -> None:
         self.inner.flock(fd, operation)
 
+    def lock_range(self, fd: int, start: int, length: int) -> None:
+        self.inner.lock_range(fd, start, length)
+
 
 def plans(
     counts: Counter[str], *, budget: int | None, rng: random.Random, kinds: Sequence[str] = KINDS

@@ -389,3 +389,6 @@ class Recorder:
     def flock(self, fd: int, operation: int) -> None:
         # A lock is no state: nothing of it survives a crash, so nothing is recorded.
         self.inner.flock(fd, operation)
+
+    def lock_range(self, fd: int, start: int, length: int) -> None:
+        self.inner.lock_range(fd, start, length)  # no state either, as flock

@@ -54,7 +54,7 @@ from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, Work
 from afterword.worker.channels import OutboxChannel, split_chunks
 from afterword.worker.compose import attach_worker
 
-from .store_workloads import _secret_fingerprint, in_commit_mode, repeatable_commits, small_options
+from .store_workloads import _secret_fingerprint, repeatable_commits, small_options
 from .workloads import Journal, Observation, Workload, WorkloadError, register
 
 # The worker logs interrupted and failed steps at WARNING; without a handler Python would print
@@ -590,9 +590,9 @@ class ContinuationLifecycle(Workload):
     local = False  # a remote (model) synthesizer: synthesizing is durable before the call
     outbox = False  # the channel is a recording stand-in that cannot reconcile
 
-    def __init__(self, *, seed: int, ops: int | None = None, commit_mode: str | None = None) -> None:
+    def __init__(self, *, seed: int, ops: int | None = None) -> None:
         super().__init__(seed=seed, ops=ops)
-        self.options = in_commit_mode(OPTIONS, commit_mode)
+        self.options = OPTIONS
         self.rng = random.Random(f"{self.name}/{seed}")
         self.chunk_counts = {
             p.label: len(split_chunks(answer_text(payload_of(p, seed)), CHUNK_CHARS)) for p in PARTIES

@@ -82,17 +82,10 @@ def small_options(segment_size: int, max_payload: int, max_log_bytes: int) -> St
     return replace(shipped, wal=wal, checkpoint_threads=1)
 
 
-def in_commit_mode(options: StoreOptions, commit_mode: str | None) -> StoreOptions:
-    """``options`` with another user-selectable commit mode (None: as they are)."""
-    if commit_mode is None:
-        return options
-    return replace(options, wal=replace(options.wal, commit_mode=commit_mode))
-
-
 @contextlib.contextmanager
 def repeatable_commits() -> Iterator[None]:
     """Run the store as shipped, except that the one clock-driven choice of the commit path
-    (whether ``adaptive`` writes a lone commit inline) is pinned, so a recording, and with it
+    (whether a lone commit is written inline) is pinned, so a recording, and with it
     every state id, is the same on every run. Through the log's exported test hook."""
     with inline_by_batch_only():
         yield
@@ -104,9 +97,8 @@ class StoreWorkload(Workload):
     options: StoreOptions = small_options(704, 256, 1 << 20)
     blob_quota: ClassVar[int | None] = None  # open a BlobStore beside the records
 
-    def __init__(self, *, seed: int, ops: int | None = None, commit_mode: str | None = None) -> None:
+    def __init__(self, *, seed: int, ops: int | None = None) -> None:
         super().__init__(seed=seed, ops=ops)
-        self.options = in_commit_mode(self.options, commit_mode)
         self.rng = random.Random(f"{self.name}/{seed}")
         self.txns: list[Txn] = []
         self.steps: list[Step] = []
