@@ -122,6 +122,14 @@ def test_completed_text_payload(result: dict[str, Any], payload: dict[str, Any])
         (TaskOutcome(status="failed"), "the task failed"),
         (TaskOutcome(status="completed", result=call_result({"a": 1}, ("boom",), is_error=True)), "boom"),
         (TaskOutcome(status="failed", result=call_result(None, ("tool said no",))), "tool said no"),
+        # The tool's error text says what went wrong; the task's status message does not.
+        (
+            TaskOutcome(
+                status="completed", result=call_result(None, ("disk full",), is_error=True), message="Task completed"
+            ),
+            "disk full",
+        ),
+        (TaskOutcome(status="completed", result=call_result(None, (), is_error=True), message="quota"), "quota"),
     ],
 )
 def test_failure_is_a_result_that_says_so(outcome: TaskOutcome, message: str) -> None:
@@ -200,6 +208,8 @@ def test_host_gone_only_for_a_host_followed_task_still_waiting() -> None:
     gone = table.host_gone(hosted, NOW, NOW)
     assert gone is not None and gone.state == "dead_lettered"
     assert gone.last_error is not None and gone.last_error.code == "task_host_gone"
+    # A host that was only slow, not gone, is told to stop the work nobody will answer.
+    assert gone.task is not None and owes_cancel(gone.task)
     assert table.host_gone(record(), NOW, NOW) is None  # the service follows it
     assert table.host_gone(record("result_received", task=task(follow="host")), NOW, NOW) is None
 

@@ -390,8 +390,26 @@ async def test_cancel_of_a_host_followed_task_answers_the_next_report(host: Call
         assert rec is not None and rec.task is not None and rec.task.cancel_requested
         first = await report(x, cid, TaskOutcome(status="working"))
         assert (first.state, first.cancel) == ("cancelled", True)
+        detail = x.h.service.continuation_detail(cid)
+        assert detail.task is not None and detail.task.cancel == "sent"
+        # The host may never have read that answer (a lost response, a service that died after
+        # recording it): a task it still sees running is asked again, not left to run.
         again = await report(x, cid, TaskOutcome(status="working"))
-        assert again.cancel is False
+        assert (again.state, again.cancel) == ("cancelled", True)
+        # A task that ended on its server needs no cancel.
+        assert (await report(x, cid, TaskOutcome(status="cancelled"))).cancel is False
+        assert (await report(x, cid, completed({"a": 1}))).cancel is False
+
+
+async def test_a_slow_host_back_after_its_lease_lapsed_is_told_to_cancel(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        x.h.service.tasks.host_leases[cid] = 0  # lapsed long ago
+        assert await x.h.service.expire_task_host_leases() == [cid]
+        back = await report(x, cid, TaskOutcome(status="working"))
+        assert (back.state, back.cancel) == ("dead_lettered", True)
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.last_error is not None and rec.last_error.code == "task_host_gone"
 
 
 async def test_cancel_of_a_service_followed_task_reaches_the_follower(host: Callable[..., Any]) -> None:
@@ -515,6 +533,53 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
         nobody = await h.client.post(outcome_url, json={"status": "working"})
         assert nobody.status_code == 401
         assert (await h.client.post(paths.url(paths.HOST_TASKS, base, run_id="nope"), headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"})).status_code == 404
+
+
+async def test_hints_past_what_a_record_holds_are_refused_not_a_crash(tmp_path: Path) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        auth = {"Authorization": f"Bearer {read_host_token(h.config)}", "Content-Type": "application/json"}
+        base = h.service.base_url
+        await h.client.post(base + paths.HOST_RUNS, headers=auth, json={"runId": "r", "conversationId": CONV, "replyTo": REPLY})
+        adopt_url = paths.url(paths.HOST_TASKS, base, run_id="r")
+        for field in ("ttlMs", "pollIntervalMs"):
+            for value in (b"100000000000000000000000", str(2**53 + 1).encode()):
+                body = b'{"server":"%s","taskId":"t","status":"working","%s":%s}' % (SERVER.encode(), field.encode(), value)
+                resp = await h.client.post(adopt_url, headers=auth, content=body)
+                assert resp.status_code == 400, resp.text
+                assert resp.json()["error"]["code"] == "invalid_request"
+        ok = await h.client.post(adopt_url, headers=auth, json={"server": SERVER, "taskId": "t", "status": "working", "ttlMs": 2**53})
+        assert ok.status_code == 200, ok.text
+        cid = ok.json()["continuationId"]
+        outcome_url = paths.url(paths.HOST_TASK_OUTCOME, base, cid=cid)
+        resp = await h.client.post(outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":1e400}')
+        assert resp.status_code == 400
+        resp = await h.client.post(outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":100000000000000000000000}')
+        assert resp.status_code == 400, resp.text
+        # Embedded, the same handle is refused by the same rule.
+        run = h.service.begin_run("run-e", CONV, REPLY)
+        for handle in (
+            TaskHandle(task_id="big", status="working", ttl_ms=10**30),
+            TaskHandle(task_id="big", status="working", poll_interval_ms=2**64),
+        ):
+            with pytest.raises(InvalidRequest, match="2\\^53"):
+                await run.adopt_task(SERVER, handle)
+        assert (await run.adopt_task(SERVER, HANDLE)).follow == "host"
+
+
+async def test_text_without_a_utf8_form_is_refused_not_a_crash(tmp_path: Path) -> None:
+    # JSON cannot carry a lone surrogate, but an embedded caller can build one: it must be a
+    # clear refusal, not an encoding error out of the record's commit.
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        with pytest.raises(InvalidRequest, match="taskId"):
+            await run.adopt_task(SERVER, TaskHandle(task_id="t\ud800", status="working"))
+        cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        for status in ("lost", "failed", "cancelled"):
+            with pytest.raises(InvalidRequest, match="message"):
+                await h.service.report_task_outcome(cid, TaskOutcome(status=status, message="gone \udc80"))  # type: ignore[arg-type]
+        rec = h.service.repo.get(cid)
+        assert rec is not None and rec.state == "claimed"
+        assert (await h.service.report_task_outcome(cid, TaskOutcome(status="lost", message="gone"))).state == "dead_lettered"
 
 
 async def test_a_claim_is_not_a_task(tmp_path: Path) -> None:

@@ -134,12 +134,11 @@ def _bounded(text: str) -> str:
 
 
 def failure_payload(outcome: TaskOutcome) -> dict[str, Any]:
-    """The payload that tells the user the task failed: the reporter's message, else the
-    tool's own error text, bounded."""
-    message = outcome.message
-    if not message and outcome.result is not None:
-        message = _text(outcome.result)
-    return {"taskFailed": True, "message": _bounded(message or "the task failed")}
+    """The payload that tells the user the task failed: the tool's own error text when its
+    result has one (a task's status message, such as "Task completed", says less), else the
+    reporter's message, bounded."""
+    message = _text(outcome.result) if outcome.result is not None else ""
+    return {"taskFailed": True, "message": _bounded(message or outcome.message or "the task failed")}
 
 
 def decide(rec: Continuation, outcome: TaskOutcome, now_ms: int) -> TaskDecision:
@@ -239,13 +238,17 @@ def record_cancel_sent(rec: Continuation, ok: bool, detail: str | None, now_ms: 
 
 def host_gone(rec: Continuation, lease_until_ms: int, now_ms: int) -> Continuation | None:
     """A host-followed task whose host made no report before ``lease_until_ms``: dead-lettered
-    ``task_host_gone`` (None: the lease holds, or the record no longer waits on its task)."""
+    ``task_host_gone``, with ``tasks/cancel`` owed so a host that was only slow is told to
+    stop the work nobody will answer (None: the lease holds, or the record no longer waits on
+    its task)."""
     task = rec.task
     if task is None or task.follow != "host" or rec.state != "claimed" or now_ms < lease_until_ms:
         return None
-    return dead_letter(
-        rec,
-        "task_host_gone",
-        "the host following this task stopped reporting before the task ended (its session is gone)",
-        now_ms,
+    return request_cancel(
+        dead_letter(
+            rec,
+            "task_host_gone",
+            "the host following this task stopped reporting before the task ended (its session is gone)",
+            now_ms,
+        )
     )
