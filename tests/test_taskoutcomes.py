@@ -106,12 +106,26 @@ def test_completed_structured_content_is_the_payload() -> None:
         (call_result(None, ("a", "b")), {"text": "a\nb"}),
         (call_result([1, 2], ("list is not an object",)), {"text": "list is not an object"}),
         ({"content": [{"type": "image", "data": "x"}, {"type": "text", "text": "t"}, "junk"]}, {"text": "t"}),
-        ({"content": "not a list"}, {"text": ""}),
+        # No text at all: never an empty answer. Other blocks are named, nothing is "finished".
+        ({"content": "not a list"}, {}),
+        (call_result(None, ()), {}),
+        (
+            {"content": [{"type": "image", "data": "x", "mimeType": "image/png"}, {"type": "resource_link", "uri": "u"}]},
+            {"text": "The task finished with content that cannot be shown here (image, resource link)."},
+        ),
+        ({"content": [{"type": "text", "text": ""}, {"type": "audio", "data": "x"}]}, {"text": "The task finished with content that cannot be shown here (audio)."}),
         (call_result({"x": 1}, is_error=False), {"x": 1}),
     ],
 )
 def test_completed_text_payload(result: dict[str, Any], payload: dict[str, Any]) -> None:
     assert table.decide(record(), TaskOutcome(status="completed", result=result), NOW).payload == payload
+
+
+def test_a_result_without_text_is_never_an_empty_answer() -> None:
+    empty = render_template(table.task_payload({"content": []}))
+    assert empty.endswith("the task finished.")
+    image = render_template(table.task_payload({"content": [{"type": "image", "data": "x"}]}))
+    assert "cannot be shown here (image)" in image
 
 
 # -- row: failed / isError -------------------------------------------------------------------

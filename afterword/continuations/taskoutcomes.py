@@ -11,7 +11,8 @@ task says                 the record                                           c
 ========================  ===================================================  ======================
 ``working``               unchanged (the host's lease is renewed)              -
 ``completed``             a result: ``structuredContent`` if an object, else   -
-                          ``{"text": joined text content}``
+                          ``{"text": joined text content}`` (no text: the
+                          other blocks' kinds named, or ``{}``)
 ``completed`` + isError,  a result ``{"taskFailed": true, "message": ...}``    ``task_failed``
 or ``failed``             so the answer tells the user it failed
 ``cancelled``             cancelled                                            ``task_cancelled``
@@ -117,13 +118,33 @@ def _text(result: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+# Content blocks of a CallToolResult other than text; an answer can only say they were there.
+_NON_TEXT = ("image", "audio", "resource", "resource_link")
+
+
+def _non_text(result: dict[str, Any]) -> list[str]:
+    content = result.get("content")
+    if not isinstance(content, list):
+        return []
+    kinds = {item.get("type") for item in content if isinstance(item, dict)}
+    return [kind.replace("_", " ") for kind in _NON_TEXT if kind in kinds]
+
+
 def task_payload(result: dict[str, Any]) -> dict[str, Any]:
     """The payload of a completed task's ``CallToolResult``: its structured content when that
-    is an object, else its text content joined by newlines."""
+    is an object, else its text content joined by newlines. A result with no text at all must
+    not become an empty answer: blocks of other kinds are named, and an empty result is ``{}``
+    (which the answer reads as "the task finished")."""
     structured = result.get("structuredContent")
     if isinstance(structured, dict):
         return structured
-    return {"text": _text(result)}
+    text = _text(result)
+    if text:
+        return {"text": text}
+    kinds = _non_text(result)
+    if kinds:
+        return {"text": f"The task finished with content that cannot be shown here ({', '.join(kinds)})."}
+    return {}
 
 
 def _bounded(text: str) -> str:
