@@ -27,6 +27,7 @@ from afterword.cli import main as cli_main
 from afterword.clients.host import HostClient
 from afterword.clients.mcp_sdk import installed_line
 from afterword.continuations.jcs import canonical_json
+from afterword.protocol.tasks import TaskHandle, TaskOutcome
 
 pytestmark = [
     pytest.mark.anyio,
@@ -340,3 +341,24 @@ async def test_a_claim_token_echoed_by_the_server_never_reaches_the_record(
         assert b"echo broke with token [redacted]" in rec.result.payload
         assert token.encode() not in rec.result.payload
         assert all(token not in str(m) for m in x.h.synth.requests)
+
+
+async def test_an_answer_the_host_api_refuses_ends_as_a_protocol_error(tmp_path: Path) -> None:
+    """A result nested deeper than the host API takes is refused (400): the host says so with
+    ``protocol_error`` instead of falling silent, which would leave the record to wait out the
+    host lease and end as ``task_host_gone``, blaming the wrong party."""
+    servers = {SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
+    async with hosting("http", tmp_path, servers=servers, selected=[SERVER]) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        cid = (await run.adopt_task(SERVER, TaskHandle(task_id="t-deep", status="working"))).continuation_id
+        deep: dict[str, Any] = {}
+        inner = deep
+        for _ in range(100):
+            inner["a"] = {}
+            inner = inner["a"]
+        outcome = TaskOutcome(status="completed", result={"content": [], "structuredContent": deep})
+        report = await tasks._report(cid, outcome)
+        assert report is not None and report.state == "dead_lettered"
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.last_error is not None
+        assert rec.last_error.code == "task_protocol_error" and "nests deeper" in rec.last_error.message

@@ -46,6 +46,7 @@ from ..errors import AfterwordError, RemoteError
 from ..protocol.tasks import AdoptedTask, TaskHandle, TaskOutcome, TaskReport
 from .mcp_sdk import TaskChannelClosed, TaskUnknown, load
 from .mcp_task_wire import MalformedTask, accepted_text, read_handle, read_outcome
+from .mcp_task_wire import bounded as _bounded
 
 __all__ = ["TaskAdopting", "TaskHost", "TaskReporting"]
 
@@ -377,6 +378,12 @@ class TaskHost:
         except (RemoteError, E.ContinuationError) as exc:
             if _retryable(exc):
                 return None
+            if isinstance(exc, E.InvalidRequest) and outcome.status not in ("working", "protocol_error"):
+                # The service cannot take this answer as it stands (a result nested past the
+                # host API's limit, say). Say so, so the continuation ends with that cause now
+                # instead of waiting out the host lease as task_host_gone.
+                why = _bounded(f"the service refused the task's answer: {exc}")
+                return await self._report(cid, TaskOutcome(status="protocol_error", message=why))
             raise _Refused(_code(exc)) from None
 
     async def _cancel(self, lease: _Lease, task_id: str) -> None:
