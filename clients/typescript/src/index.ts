@@ -146,9 +146,14 @@ export interface AdoptedTask {
   follow: "service" | "host";
 }
 
-/** One answer of a host-followed task, reported to afterword (`lost`: the server forgot it). */
+/**
+ * One answer of a host-followed task, reported to afterword. Beside the task's own statuses:
+ * `lost` (`tasks/get` says the server does not know the task), `protocol_error` (the server
+ * kept answering malformed, e.g. about another task id; report it after five in a row) and
+ * `too_large` (the result is too big to report: the route answered 413).
+ */
 export interface TaskOutcome {
-  status: TaskStatus | "lost";
+  status: TaskStatus | "lost" | "protocol_error" | "too_large";
   /** The `CallToolResult` of a completed (or failed) task: `content`, `structuredContent`, `isError`. */
   result?: { content?: unknown[]; structuredContent?: unknown; isError?: boolean } | null;
   /** Why it failed or was lost; at most 1 KiB. */

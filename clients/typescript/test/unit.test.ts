@@ -225,3 +225,19 @@ test("adoptTask sends only the handle's fields; reportTaskOutcome posts the outc
     await srv.stop();
   }
 });
+
+test("reportTaskOutcome takes every status the service does, not only the task's own", async () => {
+  const srv = await fake(() => [200, { state: "dead_lettered", cancel: false }]);
+  try {
+    const host = new HostClient({ baseUrl: srv.url, token: "t" });
+    // A host gives up on a malformed server, or on a result past the route's body limit.
+    await host.reportTaskOutcome("c_1", { status: "protocol_error", message: "five malformed answers" });
+    await host.reportTaskOutcome("c_1", { status: "too_large" });
+    assert.deepEqual(
+      srv.seen.map((s) => s.body),
+      ['{"status":"protocol_error","message":"five malformed answers"}', '{"status":"too_large"}'],
+    );
+  } finally {
+    await srv.stop();
+  }
+});
