@@ -441,6 +441,29 @@ async def test_a_compacted_task_keeps_its_task_and_ignores_reports(host: Callabl
         assert (late.state, late.cancel) == ("dead_lettered", False)
 
 
+async def test_retention_keeps_a_task_the_service_still_has_to_cancel(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        await x.call("cancel_continuation", cid)
+        await x.h.service.apply_retention()  # a settled record is compacted at the next pass...
+        assert [t.continuation_id for t in x.h.service.tasks_to_follow()] == [cid]  # ...not this one
+        await x.h.service.record_task_cancel_sent(cid, True, None)
+        await x.h.service.apply_retention()
+        assert x.h.service.repo.get(cid) is None and x.h.service.repo.tombstone(cid) is not None
+
+
+async def test_a_compacted_cancel_is_still_handed_to_its_host(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await x.call("cancel_continuation", cid)
+        await x.h.service.apply_retention()  # compacted before the host's next poll
+        assert x.h.service.repo.get(cid) is None
+        told = await report(x, cid, TaskOutcome(status="working"))
+        assert (told.state, told.cancel) == ("cancelled", True)
+        assert (await report(x, cid, TaskOutcome(status="cancelled"))).cancel is False
+
+
 # -- the host's lease ------------------------------------------------------------------------
 async def test_host_lease_lapse_dead_letters_and_reports_renew(host: Callable[..., Any]) -> None:
     async with host() as x:
@@ -487,6 +510,35 @@ async def test_crash_before_activation_behaves_like_a_claim(tmp_path: Path) -> N
         assert rec is not None and rec.state == "claimed" and rec.task is not None and rec.task.follow == "host"
         out = await h.service.report_task_outcome(cid, completed({"a": 1}))
         assert out.state == "result_received"
+
+
+async def test_what_was_committed_before_a_restart_is_answered_once_after_it(tmp_path: Path) -> None:
+    """The service stops right after a completed report's commit (nothing synthesized yet) and
+    after a cancel that still owes the host its tasks/cancel. After the restart: the result is
+    answered once, a host repeating the report it never saw answered changes nothing, and the
+    owed cancel is still handed to the host."""
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        done = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        owed = (await run.adopt_task(SERVER, TaskHandle(task_id="task-8", status="working"))).continuation_id
+        await run.close()
+        await run.finalize(ORIGIN)
+        await run.activate()
+        assert (await h.service.report_task_outcome(done, completed({"answer": 42}))).state == "result_received"
+        await h.service.cancel_continuation(owed)
+        config = h.config
+    async with serving(tmp_path, config=config, run_worker=True) as h:
+        rec = h.service.repo.get(done)
+        assert rec is not None and rec.result is not None  # durable before anything came of it
+        again = await h.service.report_task_outcome(done, completed({"answer": 43}))
+        assert again.cancel is False
+        with anyio.fail_after(15):
+            while (rec := h.service.repo.get(done)) is None or rec.state != "delivered":
+                await h.service.work_available.wait(0.05)
+        assert rec.result is not None and json.loads(rec.result.payload) == {"answer": 42}  # the first won
+        assert len(h.synth.requests) == 1
+        told = await h.service.report_task_outcome(owed, TaskOutcome(status="working"))
+        assert (told.state, told.cancel) == ("cancelled", True)
 
 
 # -- hostile input over the wire -------------------------------------------------------------

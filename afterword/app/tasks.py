@@ -179,7 +179,11 @@ class Tasks:
             if tomb.task is None:
                 raise Conflict(f"continuation {cid} is not backed by an MCP task")
             log.info("continuation %s: late task outcome %s ignored (compacted)", cid, outcome.status)
-            return TaskReport(state=tomb.state, cancel=False)
+            # Compaction keeps the task: a host that still sees a cancelled task running is
+            # told to cancel it, as it would have been before the record was compacted.
+            task = tomb.task
+            cancel = task.follow == "host" and task.cancel_requested and outcome.status in _STILL_RUNNING
+            return TaskReport(state=tomb.state, cancel=cancel)
         if rec.task is None:
             raise Conflict(f"continuation {cid} is not backed by an MCP task")
         if host_only and rec.task.follow != "host":
