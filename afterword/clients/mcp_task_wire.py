@@ -7,7 +7,6 @@ may be a bearer secret, and anything else may be hostile text).
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from collections.abc import Mapping
@@ -78,16 +77,6 @@ def bounded(text: str) -> str:
     return text if len(data) <= MESSAGE_MAX else data[:MESSAGE_MAX].decode("utf-8", "ignore")
 
 
-def _finite(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except ValueError:
-        return False
-    except (TypeError, RecursionError):
-        return True  # not this rule's concern: the service judges the rest
-    return True
-
-
 def read_outcome(raw: Mapping[str, Any], task_id: str) -> TaskOutcome:
     """A ``tasks/get`` answer as the outcome to report; raises :class:`MalformedTask` when it
     names another task, lacks the result of a completed task, or breaks a field's type."""
@@ -102,11 +91,6 @@ def read_outcome(raw: Mapping[str, Any], task_id: str) -> TaskOutcome:
         result = raw.get("result")
         if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
             raise MalformedTask(f"{where}: a completed task needs a CallToolResult object in result")
-        if not _finite(result):
-            # The SDK reads NaN and Infinity, JSON has neither. Left in, the embedded service
-            # would refuse the result (no RFC 8785 form) while the host API's client would
-            # send them as null: one rule for both, the service's.
-            raise MalformedTask(f"{where}: result holds NaN or Infinity, which JSON cannot carry")
         return TaskOutcome(status="completed", result=result, message=message, poll_interval_ms=poll)
     if status == "failed":
         error = raw.get("error")
