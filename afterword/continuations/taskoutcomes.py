@@ -21,7 +21,7 @@ or ``failed``             so the answer tells the user it failed
 ``protocol_error``        dead-lettered                                        ``task_protocol_error``
 result over the limit,    dead-lettered                                        ``task_result_too_large``
 or ``too_large``
-no host report in lease   dead-lettered, ``tasks/cancel`` owed (``host`` only)  ``task_host_gone``
+no host report in lease   dead-lettered, ``tasks/cancel`` owed (host only)     ``task_host_gone``
 ========================  ===================================================  ======================
 
 An outcome for a record that already left ``claimed`` (or passed its deadline, which the
