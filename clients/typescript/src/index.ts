@@ -317,6 +317,16 @@ export class HostClient {
   }
 }
 
+/**
+ * A server's millisecond hint as afterword takes it: whole milliseconds, at most 2^53 (what
+ * the Python host helpers send too). A fractional or huge hint from a sloppy server would
+ * otherwise get the adoption refused; anything else (negative, not a number) is sent as it
+ * is, for the service to refuse by its rule.
+ */
+function hint(value: number): number {
+  return Number.isFinite(value) && value >= 0 ? Math.min(Math.floor(value), 2 ** 53) : value;
+}
+
 /** One run bound over the host API: the in-process RunBinding's methods, over HTTP. */
 export class Run {
   readonly #client: HostClient;
@@ -402,8 +412,8 @@ export class Run {
    */
   adoptTask(server: string, handle: TaskHandle): Promise<AdoptedTask> {
     const body: Record<string, unknown> = { server, taskId: handle.taskId, status: handle.status };
-    if (handle.pollIntervalMs !== undefined && handle.pollIntervalMs !== null) body.pollIntervalMs = handle.pollIntervalMs;
-    if (handle.ttlMs !== undefined && handle.ttlMs !== null) body.ttlMs = handle.ttlMs;
+    if (handle.pollIntervalMs !== undefined && handle.pollIntervalMs !== null) body.pollIntervalMs = hint(handle.pollIntervalMs);
+    if (handle.ttlMs !== undefined && handle.ttlMs !== null) body.ttlMs = hint(handle.ttlMs);
     return this.#client.request<AdoptedTask>("POST", `/runs/${enc(this.runId)}/tasks`, body);
   }
 

@@ -241,3 +241,20 @@ test("reportTaskOutcome takes every status the service does, not only the task's
     await srv.stop();
   }
 });
+
+test("adoptTask sends a server's hints as whole milliseconds within 2^53", async () => {
+  const srv = await fake((s) =>
+    s.url.endsWith("/tasks") ? [200, { continuationId: "c_8", follow: "host" }] : [200, runBody()],
+  );
+  try {
+    const host = new HostClient({ baseUrl: srv.url, token: "t" });
+    const run = await host.beginRun({ runId: "r", conversationId: "c", replyTo: "r" });
+    await run.adoptTask("work-control", { taskId: "t-2", status: "working", pollIntervalMs: 1500.7, ttlMs: 1e300 });
+    assert.equal(
+      srv.seen[1]?.body,
+      '{"server":"work-control","taskId":"t-2","status":"working","pollIntervalMs":1500,"ttlMs":9007199254740992}',
+    );
+  } finally {
+    await srv.stop();
+  }
+});
