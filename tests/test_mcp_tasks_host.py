@@ -22,6 +22,7 @@ import pytest
 from _service import free_port, load, write_config
 from test_mcp_e2e import wait_port
 
+from afterword.clients.host import HostApiError
 from afterword.clients.mcp_sdk import installed_line
 from afterword.config import Config
 from afterword.continuations import errors as E
@@ -45,6 +46,7 @@ class Binding:
 
     follow: str = "host"
     refuse: E.ContinuationError | None = None
+    blinks: int = 0  # adoptions that fail as unreachable before one goes through
     servers: list[str] = field(default_factory=lambda: ["work-control"])
     adopted: list[tuple[str, TaskHandle]] = field(default_factory=list)
 
@@ -57,6 +59,9 @@ class Binding:
     async def adopt_task(self, server: str, handle: TaskHandle) -> AdoptedTask:
         if self.refuse is not None:
             raise self.refuse
+        if self.blinks:
+            self.blinks -= 1
+            raise HostApiError(0, "unreachable", "cannot reach the service (ConnectError)")
         self.adopted.append((server, handle))
         return AdoptedTask(continuation_id=f"c_{len(self.adopted)}", follow=self.follow)  # type: ignore[arg-type]
 
@@ -235,6 +240,18 @@ async def test_a_refused_adoption_cancels_the_task_and_tells_the_model(world: Wo
         )
     assert outcome.failed and "(closed)" in outcome.text and "asked to cancel it" in outcome.text
     assert [r["method"] for r in world.records("work-control")] == ["tools/call", "tasks/cancel"]
+
+
+@pytest.mark.anyio
+async def test_an_adoption_that_met_an_unreachable_service_is_asked_again(world: World) -> None:
+    binding, reporter = Binding(follow="service", blinks=2), Reporter()
+    async with TaskHost(reporter) as tasks, turn(world, binding, tasks) as sessions:
+        outcome = tool_outcome(
+            await call_tool(sessions["work-control"], "job", {"key": world.key("a"), "text": "x"})
+        )
+    assert not outcome.failed and outcome.text.startswith("Accepted:")
+    assert len(binding.adopted) == 1
+    assert [r["method"] for r in world.records("work-control")] == ["tools/call"]  # nothing cancelled
 
 
 @pytest.mark.anyio

@@ -27,6 +27,7 @@ from afterword.cli import main as cli_main
 from afterword.clients.host import HostClient
 from afterword.clients.mcp_sdk import installed_line
 from afterword.continuations.jcs import canonical_json
+from afterword.protocol.tasks import TaskHandle, TaskOutcome
 
 pytestmark = [
     pytest.mark.anyio,
@@ -340,3 +341,57 @@ async def test_a_claim_token_echoed_by_the_server_never_reaches_the_record(
         assert b"echo broke with token [redacted]" in rec.result.payload
         assert token.encode() not in rec.result.payload
         assert all(token not in str(m) for m in x.h.synth.requests)
+
+
+async def test_an_answer_the_host_api_refuses_ends_as_a_protocol_error(tmp_path: Path) -> None:
+    """A result nested deeper than the host API takes is refused (400): the host says so with
+    ``protocol_error`` instead of falling silent, which would leave the record to wait out the
+    host lease and end as ``task_host_gone``, blaming the wrong party."""
+    servers = {SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
+    async with hosting("http", tmp_path, servers=servers, selected=[SERVER]) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        cid = (await run.adopt_task(SERVER, TaskHandle(task_id="t-deep", status="working"))).continuation_id
+        deep: dict[str, Any] = {}
+        inner = deep
+        for _ in range(100):
+            inner["a"] = {}
+            inner = inner["a"]
+        outcome = TaskOutcome(status="completed", result={"content": [], "structuredContent": deep})
+        report = await tasks._report(cid, outcome)
+        assert report is not None and report.state == "dead_lettered"
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.last_error is not None
+        assert rec.last_error.code == "task_protocol_error" and "nests deeper" in rec.last_error.message
+
+
+async def test_a_sidecar_killed_right_after_a_completed_report_answers_it_once(tmp_path: Path) -> None:
+    """SIGKILL of ``afterword serve`` as soon as a completed report was answered: the result
+    was durable before the answer, so the restarted service answers it, once; the host, which
+    repeats its report (it cannot know the answer reached it in time), changes nothing."""
+    config_path = write_config(tmp_path, servers={SERVER: {"command": sys.executable, "args": ["-c", "pass"]}})
+    token_file = tmp_path / "host.token"
+    server = Server(config_path)
+    server.start()
+    try:
+        assert cli_main(["continuations", "host-token", "--config", str(config_path), "--file", str(token_file)]) == 0
+        outbox = config_path.parent / "outbox.jsonl"
+        async with HostClient(server.base, token_file.read_text()) as client:
+            run = await client.begin_run("run-kill", CONV, REPLY)
+            cid = (await run.adopt_task(SERVER, TaskHandle(task_id="t-kill", status="working"))).continuation_id
+            await settle_run(run, ORIGIN)  # type: ignore[arg-type]
+            first = TaskOutcome(status="completed", result={"content": [{"type": "text", "text": "first answer"}]})
+            assert (await client.report_task_outcome(cid, first)).state != "claimed"
+            server.stop(signal.SIGKILL)
+            server.start()
+            second = TaskOutcome(status="completed", result={"content": [{"type": "text", "text": "second answer"}]})
+            again = await client.report_task_outcome(cid, second)
+            assert again.state != "claimed" and again.cancel is False
+            with anyio.fail_after(WAIT_S):
+                while (await client.list_continuations()).items[0].state != "delivered":
+                    await anyio.sleep(0.05)
+        lines = [json.loads(x) for x in outbox.read_text().splitlines() if x.strip()]
+        assert [line["deliveryKey"].split(":")[0] for line in lines] == [cid]
+        assert "first answer" in json.dumps(lines[0]) and "second answer" not in json.dumps(lines[0])
+    finally:
+        if server.proc is not None:
+            server.stop()

@@ -106,12 +106,26 @@ def test_completed_structured_content_is_the_payload() -> None:
         (call_result(None, ("a", "b")), {"text": "a\nb"}),
         (call_result([1, 2], ("list is not an object",)), {"text": "list is not an object"}),
         ({"content": [{"type": "image", "data": "x"}, {"type": "text", "text": "t"}, "junk"]}, {"text": "t"}),
-        ({"content": "not a list"}, {"text": ""}),
+        # No text at all: never an empty answer. Other blocks are named, nothing is "finished".
+        ({"content": "not a list"}, {}),
+        (call_result(None, ()), {}),
+        (
+            {"content": [{"type": "image", "data": "x", "mimeType": "image/png"}, {"type": "resource_link", "uri": "u"}]},
+            {"text": "The task finished with content that cannot be shown here (image, resource link)."},
+        ),
+        ({"content": [{"type": "text", "text": ""}, {"type": "audio", "data": "x"}]}, {"text": "The task finished with content that cannot be shown here (audio)."}),
         (call_result({"x": 1}, is_error=False), {"x": 1}),
     ],
 )
 def test_completed_text_payload(result: dict[str, Any], payload: dict[str, Any]) -> None:
     assert table.decide(record(), TaskOutcome(status="completed", result=result), NOW).payload == payload
+
+
+def test_a_result_without_text_is_never_an_empty_answer() -> None:
+    empty = render_template(table.task_payload({"content": []}))
+    assert empty.endswith("the task finished.")
+    image = render_template(table.task_payload({"content": [{"type": "image", "data": "x"}]}))
+    assert "cannot be shown here (image)" in image
 
 
 # -- row: failed / isError -------------------------------------------------------------------
@@ -122,6 +136,14 @@ def test_completed_text_payload(result: dict[str, Any], payload: dict[str, Any])
         (TaskOutcome(status="failed"), "the task failed"),
         (TaskOutcome(status="completed", result=call_result({"a": 1}, ("boom",), is_error=True)), "boom"),
         (TaskOutcome(status="failed", result=call_result(None, ("tool said no",))), "tool said no"),
+        # The tool's error text says what went wrong; the task's status message does not.
+        (
+            TaskOutcome(
+                status="completed", result=call_result(None, ("disk full",), is_error=True), message="Task completed"
+            ),
+            "disk full",
+        ),
+        (TaskOutcome(status="completed", result=call_result(None, (), is_error=True), message="quota"), "quota"),
     ],
 )
 def test_failure_is_a_result_that_says_so(outcome: TaskOutcome, message: str) -> None:
@@ -200,6 +222,8 @@ def test_host_gone_only_for_a_host_followed_task_still_waiting() -> None:
     gone = table.host_gone(hosted, NOW, NOW)
     assert gone is not None and gone.state == "dead_lettered"
     assert gone.last_error is not None and gone.last_error.code == "task_host_gone"
+    # A host that was only slow, not gone, is told to stop the work nobody will answer.
+    assert gone.task is not None and owes_cancel(gone.task)
     assert table.host_gone(record(), NOW, NOW) is None  # the service follows it
     assert table.host_gone(record("result_received", task=task(follow="host")), NOW, NOW) is None
 

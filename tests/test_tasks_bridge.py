@@ -390,8 +390,26 @@ async def test_cancel_of_a_host_followed_task_answers_the_next_report(host: Call
         assert rec is not None and rec.task is not None and rec.task.cancel_requested
         first = await report(x, cid, TaskOutcome(status="working"))
         assert (first.state, first.cancel) == ("cancelled", True)
+        detail = x.h.service.continuation_detail(cid)
+        assert detail.task is not None and detail.task.cancel == "sent"
+        # The host may never have read that answer (a lost response, a service that died after
+        # recording it): a task it still sees running is asked again, not left to run.
         again = await report(x, cid, TaskOutcome(status="working"))
-        assert again.cancel is False
+        assert (again.state, again.cancel) == ("cancelled", True)
+        # A task that ended on its server needs no cancel.
+        assert (await report(x, cid, TaskOutcome(status="cancelled"))).cancel is False
+        assert (await report(x, cid, completed({"a": 1}))).cancel is False
+
+
+async def test_a_slow_host_back_after_its_lease_lapsed_is_told_to_cancel(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        x.h.service.tasks.host_leases[cid] = 0  # lapsed long ago
+        assert await x.h.service.expire_task_host_leases() == [cid]
+        back = await report(x, cid, TaskOutcome(status="working"))
+        assert (back.state, back.cancel) == ("dead_lettered", True)
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.last_error is not None and rec.last_error.code == "task_host_gone"
 
 
 async def test_cancel_of_a_service_followed_task_reaches_the_follower(host: Callable[..., Any]) -> None:
@@ -421,6 +439,29 @@ async def test_a_compacted_task_keeps_its_task_and_ignores_reports(host: Callabl
         assert detail.task is not None and (detail.task.task_id, detail.task.status) == ("task-7", "lost")
         late = await report(x, cid, completed({"a": 1}))
         assert (late.state, late.cancel) == ("dead_lettered", False)
+
+
+async def test_retention_keeps_a_task_the_service_still_has_to_cancel(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        await x.call("cancel_continuation", cid)
+        await x.h.service.apply_retention()  # a settled record is compacted at the next pass...
+        assert [t.continuation_id for t in x.h.service.tasks_to_follow()] == [cid]  # ...not this one
+        await x.h.service.record_task_cancel_sent(cid, True, None)
+        await x.h.service.apply_retention()
+        assert x.h.service.repo.get(cid) is None and x.h.service.repo.tombstone(cid) is not None
+
+
+async def test_a_compacted_cancel_is_still_handed_to_its_host(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await x.call("cancel_continuation", cid)
+        await x.h.service.apply_retention()  # compacted before the host's next poll
+        assert x.h.service.repo.get(cid) is None
+        told = await report(x, cid, TaskOutcome(status="working"))
+        assert (told.state, told.cancel) == ("cancelled", True)
+        assert (await report(x, cid, TaskOutcome(status="cancelled"))).cancel is False
 
 
 # -- the host's lease ------------------------------------------------------------------------
@@ -471,6 +512,35 @@ async def test_crash_before_activation_behaves_like_a_claim(tmp_path: Path) -> N
         assert out.state == "result_received"
 
 
+async def test_what_was_committed_before_a_restart_is_answered_once_after_it(tmp_path: Path) -> None:
+    """The service stops right after a completed report's commit (nothing synthesized yet) and
+    after a cancel that still owes the host its tasks/cancel. After the restart: the result is
+    answered once, a host repeating the report it never saw answered changes nothing, and the
+    owed cancel is still handed to the host."""
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        done = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        owed = (await run.adopt_task(SERVER, TaskHandle(task_id="task-8", status="working"))).continuation_id
+        await run.close()
+        await run.finalize(ORIGIN)
+        await run.activate()
+        assert (await h.service.report_task_outcome(done, completed({"answer": 42}))).state == "result_received"
+        await h.service.cancel_continuation(owed)
+        config = h.config
+    async with serving(tmp_path, config=config, run_worker=True) as h:
+        rec = h.service.repo.get(done)
+        assert rec is not None and rec.result is not None  # durable before anything came of it
+        again = await h.service.report_task_outcome(done, completed({"answer": 43}))
+        assert again.cancel is False
+        with anyio.fail_after(15):
+            while (rec := h.service.repo.get(done)) is None or rec.state != "delivered":
+                await h.service.work_available.wait(0.05)
+        assert rec.result is not None and json.loads(rec.result.payload) == {"answer": 42}  # the first won
+        assert len(h.synth.requests) == 1
+        told = await h.service.report_task_outcome(owed, TaskOutcome(status="working"))
+        assert (told.state, told.cancel) == ("cancelled", True)
+
+
 # -- hostile input over the wire -------------------------------------------------------------
 async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Path) -> None:
     async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
@@ -515,6 +585,53 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
         nobody = await h.client.post(outcome_url, json={"status": "working"})
         assert nobody.status_code == 401
         assert (await h.client.post(paths.url(paths.HOST_TASKS, base, run_id="nope"), headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"})).status_code == 404
+
+
+async def test_hints_past_what_a_record_holds_are_refused_not_a_crash(tmp_path: Path) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        auth = {"Authorization": f"Bearer {read_host_token(h.config)}", "Content-Type": "application/json"}
+        base = h.service.base_url
+        await h.client.post(base + paths.HOST_RUNS, headers=auth, json={"runId": "r", "conversationId": CONV, "replyTo": REPLY})
+        adopt_url = paths.url(paths.HOST_TASKS, base, run_id="r")
+        for field in ("ttlMs", "pollIntervalMs"):
+            for value in (b"100000000000000000000000", str(2**53 + 1).encode()):
+                body = b'{"server":"%s","taskId":"t","status":"working","%s":%s}' % (SERVER.encode(), field.encode(), value)
+                resp = await h.client.post(adopt_url, headers=auth, content=body)
+                assert resp.status_code == 400, resp.text
+                assert resp.json()["error"]["code"] == "invalid_request"
+        ok = await h.client.post(adopt_url, headers=auth, json={"server": SERVER, "taskId": "t", "status": "working", "ttlMs": 2**53})
+        assert ok.status_code == 200, ok.text
+        cid = ok.json()["continuationId"]
+        outcome_url = paths.url(paths.HOST_TASK_OUTCOME, base, cid=cid)
+        resp = await h.client.post(outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":1e400}')
+        assert resp.status_code == 400
+        resp = await h.client.post(outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":100000000000000000000000}')
+        assert resp.status_code == 400, resp.text
+        # Embedded, the same handle is refused by the same rule.
+        run = h.service.begin_run("run-e", CONV, REPLY)
+        for handle in (
+            TaskHandle(task_id="big", status="working", ttl_ms=10**30),
+            TaskHandle(task_id="big", status="working", poll_interval_ms=2**64),
+        ):
+            with pytest.raises(InvalidRequest, match="2\\^53"):
+                await run.adopt_task(SERVER, handle)
+        assert (await run.adopt_task(SERVER, HANDLE)).follow == "host"
+
+
+async def test_text_without_a_utf8_form_is_refused_not_a_crash(tmp_path: Path) -> None:
+    # JSON cannot carry a lone surrogate, but an embedded caller can build one: it must be a
+    # clear refusal, not an encoding error out of the record's commit.
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        with pytest.raises(InvalidRequest, match="taskId"):
+            await run.adopt_task(SERVER, TaskHandle(task_id="t\ud800", status="working"))
+        cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        for status in ("lost", "failed", "cancelled"):
+            with pytest.raises(InvalidRequest, match="message"):
+                await h.service.report_task_outcome(cid, TaskOutcome(status=status, message="gone \udc80"))  # type: ignore[arg-type]
+        rec = h.service.repo.get(cid)
+        assert rec is not None and rec.state == "claimed"
+        assert (await h.service.report_task_outcome(cid, TaskOutcome(status="lost", message="gone"))).state == "dead_lettered"
 
 
 async def test_a_claim_is_not_a_task(tmp_path: Path) -> None:

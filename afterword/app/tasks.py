@@ -46,6 +46,8 @@ from .results import Results
 log = logging.getLogger("afterword.tasks")
 
 SDK_EXTRA = "afterword[mcp]"
+# What a reporter may see of a task that has not ended on its server.
+_STILL_RUNNING = frozenset({"working", "input_required"})
 
 
 def mcp_sdk_available() -> bool:
@@ -177,7 +179,11 @@ class Tasks:
             if tomb.task is None:
                 raise Conflict(f"continuation {cid} is not backed by an MCP task")
             log.info("continuation %s: late task outcome %s ignored (compacted)", cid, outcome.status)
-            return TaskReport(state=tomb.state, cancel=False)
+            # Compaction keeps the task: a host that still sees a cancelled task running is
+            # told to cancel it, as it would have been before the record was compacted.
+            task = tomb.task
+            cancel = task.follow == "host" and task.cancel_requested and outcome.status in _STILL_RUNNING
+            return TaskReport(state=tomb.state, cancel=cancel)
         if rec.task is None:
             raise Conflict(f"continuation {cid} is not backed by an MCP task")
         if host_only and rec.task.follow != "host":
@@ -203,7 +209,7 @@ class Tasks:
         if decision.kind in ("ignore", "working"):
             if decision.kind == "ignore" and rec.terminal:
                 log.info("continuation %s: late task outcome %s ignored (%s)", cid, outcome.status, rec.state)
-            return await self._answer(rec)
+            return await self._answer(rec, outcome.status)
         result = await self._result_record(rec, canonical, now) if decision.kind == "accept" else None
         try:
             new = await self._commit(cid, decision, result)
@@ -211,7 +217,7 @@ class Tasks:
             if result is not None and result.payload_digest is not None:
                 self.results.payloads.unpin(result.payload_digest)
         log.info("continuation %s: task %s -> %s", cid, outcome.status, new.state)
-        return await self._answer(new)
+        return await self._answer(new, outcome.status)
 
     async def _result_record(self, rec: Continuation, canonical: bytes | None, now: int) -> ResultRecord:
         assert canonical is not None and rec.task is not None
@@ -244,12 +250,20 @@ class Tasks:
                 self.host_leases.pop(cid, None)
             return new
 
-    async def _answer(self, rec: Continuation) -> TaskReport:
-        """The report for ``rec``. Telling a host to send tasks/cancel hands it the cancel:
-        that is recorded, so the answer says so once (the host has no other way to report)."""
+    async def _answer(self, rec: Continuation, status: str) -> TaskReport:
+        """The report for ``rec``, whose task the reporter just saw in ``status``. Telling a
+        host to send tasks/cancel hands it the cancel: that is recorded (the host has no other
+        way to report). The host may never have read that answer (a lost response, a service
+        that died after the commit), so any later report of a task that still runs is asked
+        again: tasks/cancel twice is harmless, never sent at all leaves the work running."""
         report = self._report(rec)
-        if report.cancel and rec.task is not None and rec.task.follow == "host":
+        task = rec.task
+        if task is None or task.follow != "host":
+            return report
+        if report.cancel:
             await self.record_cancel_sent(rec.id, True, "handed to the host to send")
+        elif task.cancel_requested and status in _STILL_RUNNING:
+            report = TaskReport(state=rec.state, cancel=True)
         return report
 
     async def record_cancel_sent(self, cid: str, ok: bool, detail: str | None) -> None:

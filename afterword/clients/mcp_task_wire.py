@@ -19,7 +19,7 @@ from ..protocol.tasks import MAX_TASK_MESSAGE as MESSAGE_MAX
 from ..protocol.tasks import TASK_STATUSES as _TASK_STATES
 from ..protocol.tasks import TaskHandle, TaskOutcome, check_handle
 
-__all__ = ["MalformedTask", "accepted_text", "read_handle", "read_outcome"]
+__all__ = ["MalformedTask", "accepted_text", "bounded", "read_handle", "read_outcome"]
 
 
 class MalformedTask(RemoteError):
@@ -71,7 +71,8 @@ def read_handle(raw: Mapping[str, Any]) -> TaskHandle:
     return handle
 
 
-def _bounded(text: str) -> str:
+def bounded(text: str) -> str:
+    """``text`` cut to what a reported message may hold (1 KiB of UTF-8)."""
     data = text.encode("utf-8")
     return text if len(data) <= MESSAGE_MAX else data[:MESSAGE_MAX].decode("utf-8", "ignore")
 
@@ -85,7 +86,7 @@ def read_outcome(raw: Mapping[str, Any], task_id: str) -> TaskOutcome:
     status = _status(raw, where)
     poll = _millis(raw, "pollIntervalMs", where)
     message = raw.get("statusMessage")
-    message = _bounded(message) if isinstance(message, str) else None
+    message = bounded(message) if isinstance(message, str) else None
     if status == "completed":
         result = raw.get("result")
         if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
@@ -94,7 +95,7 @@ def read_outcome(raw: Mapping[str, Any], task_id: str) -> TaskOutcome:
     if status == "failed":
         error = raw.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            message = _bounded(error["message"])
+            message = bounded(error["message"])
         return TaskOutcome(status="failed", message=message or "the task failed", poll_interval_ms=poll)
     return TaskOutcome(status=status, message=message, poll_interval_ms=poll)  # type: ignore[arg-type]
 

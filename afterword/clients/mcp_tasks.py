@@ -46,6 +46,7 @@ from ..errors import AfterwordError, RemoteError
 from ..protocol.tasks import AdoptedTask, TaskHandle, TaskOutcome, TaskReport
 from .mcp_sdk import TaskChannelClosed, TaskUnknown, load
 from .mcp_task_wire import MalformedTask, accepted_text, read_handle, read_outcome
+from .mcp_task_wire import bounded as _bounded
 
 __all__ = ["TaskAdopting", "TaskHost", "TaskReporting"]
 
@@ -61,6 +62,8 @@ CANCEL_TIMEOUT_S = 10.0
 # service's default host lease (taskHostLeaseMs, 60 s), so the reports on a task whose server
 # asks to be polled rarely keep renewing the lease, and a failed poll is retried well within it.
 RENEW_EVERY_S = 20.0
+# Pauses before asking again when an adoption failed for a passing reason (unreachable, 5xx).
+ADOPT_RETRY_S = (0.2, 1.0)
 
 _TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost", "protocol_error", "too_large"})
 _TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
@@ -91,6 +94,13 @@ def _retryable(exc: BaseException) -> bool:
     """A report that may succeed later: unreachable (status 0), 5xx, or over admission."""
     status = getattr(exc, "status", 500)
     return isinstance(exc, RemoteError) or status == 0 or status == 429 or status >= 500
+
+
+def _transient(exc: BaseException) -> bool:
+    """An adoption that may succeed if asked again at once: unreachable (status 0) or a 5xx
+    other than 503 ``unavailable`` (the MCP SDK missing, which a retry does not install)."""
+    status = getattr(exc, "status", 400)
+    return (status == 0 or status >= 500) and getattr(exc, "code", "") != "unavailable"
 
 
 def _scrub(value: Any, secrets: tuple[str, ...]) -> Any:
@@ -275,16 +285,24 @@ class TaskHost:
                 "Nothing was started on afterword's side and no answer will follow.",
                 True,
             )
-        try:
-            adopted = await adopter.adopt_task(lease.server, handle)
-        except AfterwordError as exc:
-            # Nobody will follow the task: ask the server to drop it rather than leave it running.
-            await self._cancel(lease, handle.task_id)
-            return (
-                f"Not accepted: afterword could not take this background task ({_code(exc)}); the "
-                "server was asked to cancel it and no answer will follow.",
-                True,
-            )
+        for pause in (*ADOPT_RETRY_S, None):
+            try:
+                adopted = await adopter.adopt_task(lease.server, handle)
+                break
+            except AfterwordError as exc:
+                if pause is not None and _transient(exc):
+                    # Adoption is idempotent per (run, server, task id): asking again is safe,
+                    # and a sidecar that blinked must not cost the task (or orphan a record
+                    # that did commit before its answer was lost).
+                    await anyio.sleep(pause)
+                    continue
+                # Nobody will follow the task: ask the server to drop it rather than leave it running.
+                await self._cancel(lease, handle.task_id)
+                return (
+                    f"Not accepted: afterword could not take this background task ({_code(exc)}); the "
+                    "server was asked to cancel it and no answer will follow.",
+                    True,
+                )
         if adopted.follow == "host":
             self._start_follow(lease, adopted.continuation_id, handle)
         return accepted_text(tool, adopted.continuation_id), False
@@ -377,6 +395,12 @@ class TaskHost:
         except (RemoteError, E.ContinuationError) as exc:
             if _retryable(exc):
                 return None
+            if isinstance(exc, E.InvalidRequest) and outcome.status not in ("working", "protocol_error"):
+                # The service cannot take this answer as it stands (a result nested past the
+                # host API's limit, say). Say so, so the continuation ends with that cause now
+                # instead of waiting out the host lease as task_host_gone.
+                why = _bounded(f"the service refused the task's answer: {exc}")
+                return await self._report(cid, TaskOutcome(status="protocol_error", message=why))
             raise _Refused(_code(exc)) from None
 
     async def _cancel(self, lease: _Lease, task_id: str) -> None:

@@ -13,6 +13,8 @@ Rules:
    unacknowledged dead letter) is never compacted, and no tombstone that still carries a
    health cause (an unacknowledged expiry or delivery missing from history) is dropped:
    retention never clears a signal. Once acknowledged or resolved, every record is bounded.
+   A record that owes its MCP server a ``tasks/cancel`` afterword sends itself (follow
+   ``service``) waits until the follower recorded the attempt.
 4. Tombstones are kept while among the newest ``terminal_max_records`` and younger than
    ``terminal_max_age_ms``; older ones are deleted, ending their idempotency window.
 """
@@ -25,12 +27,18 @@ from typing import Protocol
 
 from .health import cause_of, ident
 from .model import Attempts, Continuation, Tombstone, TombstoneSummary
+from .taskcancel import owes_cancel
 
 SETTLED = frozenset({"delivered", "expired", "cancelled"})
 
 
 def compactable(rec: Continuation) -> bool:
-    """Settled, or a dead letter an operator has acknowledged."""
+    """Settled, or a dead letter an operator has acknowledged; but not a record whose MCP
+    task afterword itself must still cancel: its follower finds the work among the live
+    records, and records the attempt (sent or failed) before the record may go."""
+    task = rec.task
+    if task is not None and task.follow == "service" and owes_cancel(task):
+        return False
     if rec.state in SETTLED:
         return True
     return rec.state == "dead_lettered" and rec.acknowledged_at_ms is not None

@@ -11,7 +11,8 @@ task says                 the record                                           c
 ========================  ===================================================  ======================
 ``working``               unchanged (the host's lease is renewed)              -
 ``completed``             a result: ``structuredContent`` if an object, else   -
-                          ``{"text": joined text content}``
+                          ``{"text": joined text content}`` (no text: the
+                          other blocks' kinds named, or ``{}``)
 ``completed`` + isError,  a result ``{"taskFailed": true, "message": ...}``    ``task_failed``
 or ``failed``             so the answer tells the user it failed
 ``cancelled``             cancelled                                            ``task_cancelled``
@@ -20,7 +21,7 @@ or ``failed``             so the answer tells the user it failed
 ``protocol_error``        dead-lettered                                        ``task_protocol_error``
 result over the limit,    dead-lettered                                        ``task_result_too_large``
 or ``too_large``
-no host report in lease   dead-lettered (follow ``host`` only)                 ``task_host_gone``
+no host report in lease   dead-lettered, ``tasks/cancel`` owed (host only)     ``task_host_gone``
 ========================  ===================================================  ======================
 
 An outcome for a record that already left ``claimed`` (or passed its deadline, which the
@@ -117,13 +118,33 @@ def _text(result: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+# Content blocks of a CallToolResult other than text; an answer can only say they were there.
+_NON_TEXT = ("image", "audio", "resource", "resource_link")
+
+
+def _non_text(result: dict[str, Any]) -> list[str]:
+    content = result.get("content")
+    if not isinstance(content, list):
+        return []
+    kinds = {item.get("type") for item in content if isinstance(item, dict)}
+    return [kind.replace("_", " ") for kind in _NON_TEXT if kind in kinds]
+
+
 def task_payload(result: dict[str, Any]) -> dict[str, Any]:
     """The payload of a completed task's ``CallToolResult``: its structured content when that
-    is an object, else its text content joined by newlines."""
+    is an object, else its text content joined by newlines. A result with no text at all must
+    not become an empty answer: blocks of other kinds are named, and an empty result is ``{}``
+    (which the answer reads as "the task finished")."""
     structured = result.get("structuredContent")
     if isinstance(structured, dict):
         return structured
-    return {"text": _text(result)}
+    text = _text(result)
+    if text:
+        return {"text": text}
+    kinds = _non_text(result)
+    if kinds:
+        return {"text": f"The task finished with content that cannot be shown here ({', '.join(kinds)})."}
+    return {}
 
 
 def _bounded(text: str) -> str:
@@ -134,12 +155,11 @@ def _bounded(text: str) -> str:
 
 
 def failure_payload(outcome: TaskOutcome) -> dict[str, Any]:
-    """The payload that tells the user the task failed: the reporter's message, else the
-    tool's own error text, bounded."""
-    message = outcome.message
-    if not message and outcome.result is not None:
-        message = _text(outcome.result)
-    return {"taskFailed": True, "message": _bounded(message or "the task failed")}
+    """The payload that tells the user the task failed: the tool's own error text when its
+    result has one (a task's status message, such as "Task completed", says less), else the
+    reporter's message, bounded."""
+    message = _text(outcome.result) if outcome.result is not None else ""
+    return {"taskFailed": True, "message": _bounded(message or outcome.message or "the task failed")}
 
 
 def decide(rec: Continuation, outcome: TaskOutcome, now_ms: int) -> TaskDecision:
@@ -239,13 +259,17 @@ def record_cancel_sent(rec: Continuation, ok: bool, detail: str | None, now_ms: 
 
 def host_gone(rec: Continuation, lease_until_ms: int, now_ms: int) -> Continuation | None:
     """A host-followed task whose host made no report before ``lease_until_ms``: dead-lettered
-    ``task_host_gone`` (None: the lease holds, or the record no longer waits on its task)."""
+    ``task_host_gone``, with ``tasks/cancel`` owed so a host that was only slow is told to
+    stop the work nobody will answer (None: the lease holds, or the record no longer waits on
+    its task)."""
     task = rec.task
     if task is None or task.follow != "host" or rec.state != "claimed" or now_ms < lease_until_ms:
         return None
-    return dead_letter(
-        rec,
-        "task_host_gone",
-        "the host following this task stopped reporting before the task ended (its session is gone)",
-        now_ms,
+    return request_cancel(
+        dead_letter(
+            rec,
+            "task_host_gone",
+            "the host following this task stopped reporting before the task ended (its session is gone)",
+            now_ms,
+        )
     )

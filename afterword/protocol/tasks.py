@@ -20,6 +20,7 @@ import msgspec
 from ..continuations.errors import InvalidRequest
 
 __all__ = [
+    "MAX_HINT_MS",
     "MAX_TASK_ID",
     "MAX_TASK_MESSAGE",
     "OUTCOME_STATUSES",
@@ -52,6 +53,10 @@ Follow = Literal["service", "host"]
 
 MAX_TASK_ID = 256
 MAX_TASK_MESSAGE = 1024  # bytes of UTF-8
+# The largest hint kept: the largest integer a JSON number holds exactly (285,000 years of
+# milliseconds). A bigger one cannot be stored in a record (msgpack stops at 2^64 - 1), and
+# the host helpers clamp what a server says to it before handing a handle over.
+MAX_HINT_MS = 2**53
 # A task id is server-made: any text without control characters (C0, DEL, C1), bounded.
 TASK_ID_PATTERN = "[^\\x00-\\x1f\\x7f-\\x9f]"
 _TASK_ID_RE = re.compile(f"{TASK_ID_PATTERN}{{1,{MAX_TASK_ID}}}")
@@ -65,7 +70,7 @@ TaskId = Annotated[
         description=f"the server's task id: 1-{MAX_TASK_ID} characters without control characters",
     ),
 ]
-Hint = Annotated[int, msgspec.Meta(ge=0, description="milliseconds, as the server hinted")]
+Hint = Annotated[int, msgspec.Meta(ge=0, le=MAX_HINT_MS, description="milliseconds, as the server hinted")]
 Message = Annotated[str, msgspec.Meta(max_length=MAX_TASK_MESSAGE)]
 ServerName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
@@ -153,15 +158,31 @@ def decode_outcome(data: bytes) -> TaskOutcome:
 
 
 def _check_hint(name: str, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise InvalidRequest(f"{name} must be a non-negative integer of milliseconds")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_HINT_MS
+    ):
+        raise InvalidRequest(f"{name} must be an integer of milliseconds from 0 to 2^53")
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` can be stored: a lone surrogate (which JSON cannot carry but a
+    Python caller can build) has no UTF-8 form, and would fail the record's commit."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_handle(handle: TaskHandle) -> None:
     """The rules of a handle, whoever built it. Raises :class:`InvalidRequest`."""
     if not isinstance(handle, TaskHandle):
         raise InvalidRequest("a task handle is required")
-    if not isinstance(handle.task_id, str) or not _TASK_ID_RE.fullmatch(handle.task_id):
+    if (
+        not isinstance(handle.task_id, str)
+        or not _TASK_ID_RE.fullmatch(handle.task_id)
+        or not _unicode(handle.task_id)
+    ):
         raise InvalidRequest(f"taskId must be 1-{MAX_TASK_ID} characters without control characters")
     if handle.status not in TASK_STATUSES:
         raise InvalidRequest("status must be one of " + ", ".join(TASK_STATUSES))
@@ -178,9 +199,9 @@ def check_outcome(outcome: TaskOutcome) -> None:
     if outcome.status not in OUTCOME_STATUSES:
         raise InvalidRequest("status must be one of " + ", ".join(OUTCOME_STATUSES))
     if outcome.message is not None:
-        if not isinstance(outcome.message, str):
-            raise InvalidRequest("message must be a string")
-        if len(outcome.message.encode("utf-8", "surrogatepass")) > MAX_TASK_MESSAGE:
+        if not isinstance(outcome.message, str) or not _unicode(outcome.message):
+            raise InvalidRequest("message must be a string of Unicode text")
+        if len(outcome.message.encode("utf-8")) > MAX_TASK_MESSAGE:
             raise InvalidRequest(f"message must be at most {MAX_TASK_MESSAGE} bytes")
     if outcome.result is not None and not isinstance(outcome.result, dict):
         raise InvalidRequest("result must be a CallToolResult object")

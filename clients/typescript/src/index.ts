@@ -146,9 +146,14 @@ export interface AdoptedTask {
   follow: "service" | "host";
 }
 
-/** One answer of a host-followed task, reported to afterword (`lost`: the server forgot it). */
+/**
+ * One answer of a host-followed task, reported to afterword. Beside the task's own statuses:
+ * `lost` (`tasks/get` says the server does not know the task), `protocol_error` (the server
+ * kept answering malformed, e.g. about another task id; report it after five in a row) and
+ * `too_large` (the result is too big to report: the route answered 413).
+ */
 export interface TaskOutcome {
-  status: TaskStatus | "lost";
+  status: TaskStatus | "lost" | "protocol_error" | "too_large";
   /** The `CallToolResult` of a completed (or failed) task: `content`, `structuredContent`, `isError`. */
   result?: { content?: unknown[]; structuredContent?: unknown; isError?: boolean } | null;
   /** Why it failed or was lost; at most 1 KiB. */
@@ -312,6 +317,16 @@ export class HostClient {
   }
 }
 
+/**
+ * A server's millisecond hint as afterword takes it: whole milliseconds, at most 2^53 (what
+ * the Python host helpers send too). A fractional or huge hint from a sloppy server would
+ * otherwise get the adoption refused; anything else (negative, not a number) is sent as it
+ * is, for the service to refuse by its rule.
+ */
+function hint(value: number): number {
+  return Number.isFinite(value) && value >= 0 ? Math.min(Math.floor(value), 2 ** 53) : value;
+}
+
 /** One run bound over the host API: the in-process RunBinding's methods, over HTTP. */
 export class Run {
   readonly #client: HostClient;
@@ -397,8 +412,8 @@ export class Run {
    */
   adoptTask(server: string, handle: TaskHandle): Promise<AdoptedTask> {
     const body: Record<string, unknown> = { server, taskId: handle.taskId, status: handle.status };
-    if (handle.pollIntervalMs !== undefined && handle.pollIntervalMs !== null) body.pollIntervalMs = handle.pollIntervalMs;
-    if (handle.ttlMs !== undefined && handle.ttlMs !== null) body.ttlMs = handle.ttlMs;
+    if (handle.pollIntervalMs !== undefined && handle.pollIntervalMs !== null) body.pollIntervalMs = hint(handle.pollIntervalMs);
+    if (handle.ttlMs !== undefined && handle.ttlMs !== null) body.ttlMs = hint(handle.ttlMs);
     return this.#client.request<AdoptedTask>("POST", `/runs/${enc(this.runId)}/tasks`, body);
   }
 

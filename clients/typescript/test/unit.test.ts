@@ -225,3 +225,36 @@ test("adoptTask sends only the handle's fields; reportTaskOutcome posts the outc
     await srv.stop();
   }
 });
+
+test("reportTaskOutcome takes every status the service does, not only the task's own", async () => {
+  const srv = await fake(() => [200, { state: "dead_lettered", cancel: false }]);
+  try {
+    const host = new HostClient({ baseUrl: srv.url, token: "t" });
+    // A host gives up on a malformed server, or on a result past the route's body limit.
+    await host.reportTaskOutcome("c_1", { status: "protocol_error", message: "five malformed answers" });
+    await host.reportTaskOutcome("c_1", { status: "too_large" });
+    assert.deepEqual(
+      srv.seen.map((s) => s.body),
+      ['{"status":"protocol_error","message":"five malformed answers"}', '{"status":"too_large"}'],
+    );
+  } finally {
+    await srv.stop();
+  }
+});
+
+test("adoptTask sends a server's hints as whole milliseconds within 2^53", async () => {
+  const srv = await fake((s) =>
+    s.url.endsWith("/tasks") ? [200, { continuationId: "c_8", follow: "host" }] : [200, runBody()],
+  );
+  try {
+    const host = new HostClient({ baseUrl: srv.url, token: "t" });
+    const run = await host.beginRun({ runId: "r", conversationId: "c", replyTo: "r" });
+    await run.adoptTask("work-control", { taskId: "t-2", status: "working", pollIntervalMs: 1500.7, ttlMs: 1e300 });
+    assert.equal(
+      srv.seen[1]?.body,
+      '{"server":"work-control","taskId":"t-2","status":"working","pollIntervalMs":1500,"ttlMs":9007199254740992}',
+    );
+  } finally {
+    await srv.stop();
+  }
+});
