@@ -146,9 +146,13 @@ export interface AdoptedTask {
   follow: "service" | "host";
 }
 
-/** One answer of a host-followed task, reported to afterword (`lost`: the server forgot it). */
+/**
+ * One answer of a host-followed task, reported to afterword: `lost` when the server no longer
+ * knows the task, `protocol_error` after repeated malformed `tasks/get` answers, `too_large`
+ * when the result does not fit the host API's body (413).
+ */
 export interface TaskOutcome {
-  status: TaskStatus | "lost";
+  status: TaskStatus | "lost" | "protocol_error" | "too_large";
   /** The `CallToolResult` of a completed (or failed) task: `content`, `structuredContent`, `isError`. */
   result?: { content?: unknown[]; structuredContent?: unknown; isError?: boolean } | null;
   /** Why it failed or was lost; at most 1 KiB. */

@@ -1,0 +1,231 @@
+"""MCP Tasks from a host in another language: the Node host (examples/node-host/tasks-host.mjs,
+official MCP TypeScript SDK 2.x) against a real ``afterword serve`` and real Tasks servers over
+stdio (tests/tasks_servers/host_tasks_server.py, on the MCP Python SDK 2.x extension API).
+
+The host declares ``io.modelcontextprotocol/tasks`` only to the servers the run selected,
+adopts a task handle through the TypeScript client, follows the task with ``tasks/get`` while
+its session lives and reports each answer; afterword delivers the answer once. A malformed
+handle adopts nothing; a host cancel reaches the server as ``tasks/cancel``.
+
+Needs node >= 20 and npm: skipped without them, a failure under ``CI=true`` (the convention of
+tests/test_host_clients.py, whose toolchain fixture this reuses).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _cli import Server
+from _service import write_config
+from test_host_clients import NODE_HOST, _npm_ci, node  # noqa: F401 (node: the toolchain fixture)
+
+from afterword.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS_SERVER = ROOT / "tests" / "tasks_servers" / "host_tasks_server.py"
+SELECTED, OTHER = "tasks-a", "tasks-b"
+# Broken handles host_tasks_server.py makes, and the field the model is told is wrong.
+MALFORMED = {
+    "no_id": "taskId must be a string of 1-256 characters",
+    "long": "taskId must be a string of 1-256 characters",
+    "control": "taskId holds a control character",
+    "status": "status must be one of working, input_required, completed, failed, cancelled",
+    "poll": "pollIntervalMs must be a non-negative number of milliseconds",
+}
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for(
+    check: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout_s: float = 60
+) -> None:
+    """Wait for an observable event (a line a server recorded), failing early if the host died."""
+    end = time.monotonic() + timeout_s
+    while not check():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the Node host exited before {what}:\n{out[-3000:]}\n{err[-3000:]}")
+        if time.monotonic() > end:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture()
+def sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
+    """afterword serving a config whose MCP file names two Tasks servers, only ``tasks-a``
+    selected in ``tools.continuationServers``."""
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    servers = {
+        name: {
+            "command": sys.executable,
+            "args": [str(TASKS_SERVER), "--record", str(tmp_path / f"{name}.jsonl"), "--gates", str(gates)],
+        }
+        for name in (SELECTED, OTHER)
+    }
+    config = write_config(tmp_path, servers=servers, selected=[SELECTED])
+    token = tmp_path / "host.token"
+    server = Server(config)
+    server.start()
+    try:
+        assert cli_main(["continuations", "host-token", "--config", str(config), "--file", str(token)]) == 0
+        yield server, token, gates
+    finally:
+        server.stop()
+
+
+def _start_host(
+    node_bin: str, server: Server, token: Path, reply_to: str, calls: list[str]
+) -> subprocess.Popen[str]:
+    _npm_ci(NODE_HOST)
+    args = [node_bin, "tasks-host.mjs", "--base-url", server.base, "--token-file", str(token)]
+    args += ["--mcp-config", str(server.config.parent / "mcp.json"), "--outbox", str(_outbox(server))]
+    args += ["--reply-to", reply_to, "--timeout-ms", "30000"]
+    for call in calls:
+        args += ["--call", call]
+    return subprocess.Popen(args, cwd=NODE_HOST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _outbox(server: Server) -> Path:
+    return server.config.parent / "outbox.jsonl"
+
+
+def _run(server: Server, token: Path, stdout: str) -> dict[str, Any]:
+    run_id = (
+        next(line for line in stdout.splitlines() if line.startswith("[run] begun ")).split()[2].rstrip(":")
+    )
+    headers = {"Authorization": f"Bearer {token.read_text()}"}
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        body: dict[str, Any] = client.get(f"{server.base}/v1/host/runs/{run_id}", headers=headers).json()
+    return body
+
+
+def test_node_host_adopts_a_task_and_afterword_delivers_its_answer_once(
+    node: str,  # noqa: F811
+    sidecar: tuple[Server, Path, Path],
+) -> None:
+    server, token, gates = sidecar
+    records = server.config.parent
+    reply_to = "local:node-tasks-e2e"
+    proc = _start_host(
+        node,
+        server,
+        token,
+        reply_to,
+        [
+            f'{OTHER}/job/{{"key": "b1", "text": "plain work"}}',
+            *(f'{SELECTED}/malformed/{{"kind": "{kind}"}}' for kind in MALFORMED),
+            f'{SELECTED}/job/{{"key": "a1", "text": "index rebuild"}}',
+        ],
+    )
+    # The task is being followed (one `working` answer seen) before the work finishes.
+    _wait_for(
+        lambda: any(r["method"] == "tasks/get" for r in _records(records / f"{SELECTED}.jsonl")),
+        proc,
+        "a poll",
+    )
+    (gates / "a1").write_text("ok")
+    out, err = proc.communicate(timeout=90)
+    print(out)
+    assert proc.returncode == 0, out[-4000:] + err[-4000:]
+    assert token.read_text() not in out + err
+
+    # Only the selected server saw the extension declared; the other ran its tool inline.
+    other = _records(records / f"{OTHER}.jsonl")
+    assert [(r["method"], r["declared"]) for r in other] == [("tools/call", False)]
+    selected_calls = [r for r in _records(records / f"{SELECTED}.jsonl") if r["method"] == "tools/call"]
+    assert [(r["tool"], r["declared"]) for r in selected_calls] == [
+        *[("malformed", True)] * len(MALFORMED),
+        ("job", True),
+    ]
+    lines = out.splitlines()
+    assert "[tool] job returned: plain work ran inline" in lines
+    # Each malformed handle is a tool error naming the field (never its value); none is adopted.
+    bad = [line for line in lines if line.startswith("[tool] malformed returned")]
+    assert len(bad) == len(MALFORMED)
+    for line, why in zip(bad, MALFORMED.values(), strict=True):
+        prefix = "[tool] malformed returned an error: Not accepted: the tool server answered with a malformed"
+        assert line.startswith(prefix) and f"(task handle: {why})" in line, line
+        assert "bell" not in line and "soon" not in line and "sleeping" not in line
+    # The good one: adopted, the model told it was accepted.
+    (adopted,) = [line for line in lines if "answered with a task handle: adopted as " in line]
+    cid = adopted.split("adopted as ")[1].split()[0]
+    assert adopted.endswith("(follow: host)")
+    (accepted,) = [line for line in lines if line.startswith("[tool] job returned: Accepted: ")]
+    assert cid in accepted and "answer will follow in this conversation" in accepted
+    assert any(line.endswith(": tasks/get says working; afterword: claimed") for line in lines), out
+    assert any(f"{cid}: tasks/get says completed" in line for line in lines), out
+
+    assert len([line for line in lines if line.startswith("[later answer -> ")]) == 1
+    delivered = [json.loads(x) for x in _outbox(server).read_text().splitlines() if x.strip()]
+    assert [d["conversationId"] for d in delivered] == [reply_to]  # exactly once
+    assert f"[later answer -> {reply_to}] {delivered[0]['text']}" in out
+    assert "index rebuild" in delivered[0]["text"]
+
+    run = _run(server, token, out)
+    assert run["state"] == "activated"
+    (claim,) = run["claims"]  # the malformed handle made no continuation
+    assert claim["continuationId"] == cid
+    assert (claim["state"], claim["originContext"]) == ("delivered", "pinned")
+
+
+def test_node_host_reports_a_failure_scrubbed_and_sends_tasks_cancel_when_told(
+    node: str,  # noqa: F811
+    sidecar: tuple[Server, Path, Path],
+) -> None:
+    """Two tasks in one turn: one fails with a message echoing the claim token the server was
+    handed (the answer says it failed, the token never reaches it); the other is cancelled by
+    the host, and the next report's ``cancel: true`` makes the Node host send ``tasks/cancel``."""
+    server, token, gates = sidecar
+    record = server.config.parent / f"{SELECTED}.jsonl"
+    (gates / "broken").write_text("fail")
+    reply_to = "local:node-tasks-cancel"
+    calls = [f'{SELECTED}/job/{{"key": "never"}}', f'{SELECTED}/job/{{"key": "broken", "echo": true}}']
+    proc = _start_host(node, server, token, reply_to, calls)
+    polled = lambda key: any(r["method"] == "tasks/get" and r["key"] == key for r in _records(record))  # noqa: E731
+    _wait_for(
+        lambda: polled("never") and _outbox(server).exists(), proc, "a poll and the failed task's answer"
+    )
+    (cid,) = _continuations(server, token, lambda state: state != "delivered")
+    headers = {"Authorization": f"Bearer {token.read_text()}"}
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        cancelled = client.post(f"{server.base}/v1/host/continuations/{cid}/cancel", headers=headers, json={})
+    assert cancelled.status_code == 200, cancelled.text
+    out, err = proc.communicate(timeout=90)
+    print(out)
+    assert proc.returncode == 0, out[-4000:] + err[-4000:]
+    assert [r["key"] for r in _records(record) if r["method"] == "tasks/cancel"] == ["never"]
+    assert any(
+        line.endswith(f"{cid}: tasks/get says working; afterword: cancelled, cancel")
+        for line in out.splitlines()
+    )
+
+    (delivered,) = [json.loads(x) for x in _outbox(server).read_text().splitlines() if x.strip()]
+    assert delivered["conversationId"] == reply_to
+    assert "failed" in delivered["text"], delivered
+    run = _run(server, token, out)
+    # The server put the claim token it was handed into the message; the host scrubbed it.
+    assert "broken broke with token [redacted]" in delivered["text"], delivered
+    assert sorted(c["state"] for c in run["claims"]) == ["cancelled", "delivered"]
+
+
+def _continuations(server: Server, token: Path, where: Callable[[str], bool]) -> list[str]:
+    """The ids of the service's continuations whose state passes ``where`` (the host still runs)."""
+    headers = {"Authorization": f"Bearer {token.read_text()}"}
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        page = client.get(f"{server.base}/v1/host/continuations", headers=headers)
+    assert page.status_code == 200, page.text
+    return [item["continuationId"] for item in page.json()["items"] if where(item["state"])]
