@@ -63,21 +63,20 @@ def _wait_for(
         time.sleep(0.05)
 
 
-@pytest.fixture()
-def sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
+def _serve(root: Path, continuations: dict[str, Any] | None = None) -> Iterator[tuple[Server, Path, Path]]:
     """afterword serving a config whose MCP file names two Tasks servers, only ``tasks-a``
     selected in ``tools.continuationServers``."""
-    gates = tmp_path / "gates"
+    gates = root / "gates"
     gates.mkdir()
     servers = {
         name: {
             "command": sys.executable,
-            "args": [str(TASKS_SERVER), "--record", str(tmp_path / f"{name}.jsonl"), "--gates", str(gates)],
+            "args": [str(TASKS_SERVER), "--record", str(root / f"{name}.jsonl"), "--gates", str(gates)],
         }
         for name in (SELECTED, OTHER)
     }
-    config = write_config(tmp_path, servers=servers, selected=[SELECTED])
-    token = tmp_path / "host.token"
+    config = write_config(root, servers=servers, selected=[SELECTED], continuations=continuations)
+    token = root / "host.token"
     server = Server(config)
     server.start()
     try:
@@ -85,6 +84,17 @@ def sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
         yield server, token, gates
     finally:
         server.stop()
+
+
+@pytest.fixture()
+def sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture()
+def crowded_sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
+    """The same, admitting two unfinished continuations per run."""
+    yield from _serve(tmp_path, {"limits": {"maxActivePerOrigin": 2}})
 
 
 def _start_host(
@@ -229,3 +239,44 @@ def _continuations(server: Server, token: Path, where: Callable[[str], bool]) ->
         page = client.get(f"{server.base}/v1/host/continuations", headers=headers)
     assert page.status_code == 200, page.text
     return [item["continuationId"] for item in page.json()["items"] if where(item["state"])]
+
+
+def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_refused(
+    node: str,  # noqa: F811
+    crowded_sidecar: tuple[Server, Path, Path],
+) -> None:
+    """A task the server forgot is reported ``lost``; one whose ``tasks/get`` names another
+    task is reported ``protocol_error`` after five malformed answers in a row (both dead
+    letters, with their causes). A third task over the admission limit is
+    refused by afterword: the model is told no answer will follow and the server gets
+    ``tasks/cancel`` for it, so nothing runs unwatched."""
+    server, token, _ = crowded_sidecar
+    record = server.config.parent / f"{SELECTED}.jsonl"
+    calls = [
+        f'{SELECTED}/job/{{"key": "gone", "forget": true}}',
+        f'{SELECTED}/job/{{"key": "liar", "wrong_id": true}}',
+        f'{SELECTED}/job/{{"key": "second"}}',
+    ]
+    proc = _start_host(node, server, token, "local:node-tasks-hostile", calls)
+    out, err = proc.communicate(timeout=120)
+    print(out)
+    assert proc.returncode == 0, out[-4000:] + err[-4000:]
+    lines = out.splitlines()
+    (refused,) = [line for line in lines if line.startswith("[tool] job returned an error: ")]
+    assert "afterword could not take this background task (admission_limit)" in refused
+    assert "no answer will follow" in refused
+    assert [r["key"] for r in _records(record) if r["method"] == "tasks/cancel"] == ["second"]
+    polls = [r for r in _records(record) if r["method"] == "tasks/get"]
+    assert sorted(r["key"] for r in polls) == ["gone"] + ["liar"] * 5
+    assert any(line.endswith("tasks/get says lost; afterword: dead_lettered") for line in lines), out
+    protocol = [
+        line for line in lines if line.endswith("tasks/get says protocol_error; afterword: dead_lettered")
+    ]
+    assert len(protocol) == 1, out
+    assert not any(line.startswith("[later answer") for line in lines)
+    run = _run(server, token, out)
+    assert [c["state"] for c in run["claims"]] == ["dead_lettered", "dead_lettered"]
+    headers = {"Authorization": f"Bearer {token.read_text()}"}
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        health = client.get(f"{server.base}/v1/host/health", headers=headers).json()
+    assert "task_lost" in {cause["code"] for cause in health["causes"]}, health
