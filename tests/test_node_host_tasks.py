@@ -93,8 +93,8 @@ def sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
 
 @pytest.fixture()
 def crowded_sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
-    """The same, admitting two unfinished continuations per run."""
-    yield from _serve(tmp_path, {"limits": {"maxActivePerOrigin": 2}})
+    """The same, admitting three unfinished continuations per run."""
+    yield from _serve(tmp_path, {"limits": {"maxActivePerOrigin": 3}})
 
 
 def _start_host(
@@ -176,8 +176,8 @@ def test_node_host_adopts_a_task_and_afterword_delivers_its_answer_once(
     assert adopted.endswith("(follow: host)")
     (accepted,) = [line for line in lines if line.startswith("[tool] job returned: Accepted: ")]
     assert cid in accepted and "answer will follow in this conversation" in accepted
-    assert any(line.endswith(": tasks/get says working; afterword: claimed") for line in lines), out
-    assert any(f"{cid}: tasks/get says completed" in line for line in lines), out
+    assert any(line.endswith(": reported working; afterword: claimed") for line in lines), out
+    assert any(f"{cid}: reported completed" in line for line in lines), out
 
     assert len([line for line in lines if line.startswith("[later answer -> ")]) == 1
     delivered = [json.loads(x) for x in _outbox(server).read_text().splitlines() if x.strip()]
@@ -219,8 +219,7 @@ def test_node_host_reports_a_failure_scrubbed_and_sends_tasks_cancel_when_told(
     assert proc.returncode == 0, out[-4000:] + err[-4000:]
     assert [r["key"] for r in _records(record) if r["method"] == "tasks/cancel"] == ["never"]
     assert any(
-        line.endswith(f"{cid}: tasks/get says working; afterword: cancelled, cancel")
-        for line in out.splitlines()
+        line.endswith(f"{cid}: reported working; afterword: cancelled, cancel") for line in out.splitlines()
     )
 
     (delivered,) = [json.loads(x) for x in _outbox(server).read_text().splitlines() if x.strip()]
@@ -246,15 +245,18 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
     crowded_sidecar: tuple[Server, Path, Path],
 ) -> None:
     """A task the server forgot is reported ``lost``; one whose ``tasks/get`` names another
-    task is reported ``protocol_error`` after five malformed answers in a row (both dead
-    letters, with their causes). A third task over the admission limit is
+    task is reported ``protocol_error`` after five malformed answers in a row; one whose result
+    is too big for the host API is reported ``too_large`` (all dead letters, with their
+    causes). A fourth task over the admission limit is
     refused by afterword: the model is told no answer will follow and the server gets
     ``tasks/cancel`` for it, so nothing runs unwatched."""
-    server, token, _ = crowded_sidecar
+    server, token, gates = crowded_sidecar
     record = server.config.parent / f"{SELECTED}.jsonl"
+    (gates / "huge").write_text("ok")  # completes at once, with 5 MiB of log in its result
     calls = [
         f'{SELECTED}/job/{{"key": "gone", "forget": true}}',
         f'{SELECTED}/job/{{"key": "liar", "wrong_id": true}}',
+        f'{SELECTED}/job/{{"key": "huge", "pad": {5 * 1024 * 1024}}}',
         f'{SELECTED}/job/{{"key": "second"}}',
     ]
     proc = _start_host(node, server, token, "local:node-tasks-hostile", calls)
@@ -267,15 +269,15 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
     assert "no answer will follow" in refused
     assert [r["key"] for r in _records(record) if r["method"] == "tasks/cancel"] == ["second"]
     polls = [r for r in _records(record) if r["method"] == "tasks/get"]
-    assert sorted(r["key"] for r in polls) == ["gone"] + ["liar"] * 5
-    assert any(line.endswith("tasks/get says lost; afterword: dead_lettered") for line in lines), out
-    protocol = [
-        line for line in lines if line.endswith("tasks/get says protocol_error; afterword: dead_lettered")
-    ]
+    assert sorted(r["key"] for r in polls) == ["gone", "huge"] + ["liar"] * 5
+    # Over the host API's 4 MiB body: refused with 413, so the host reports too_large instead.
+    assert any(line.endswith("reported too_large; afterword: dead_lettered") for line in lines), out
+    assert any(line.endswith("reported lost; afterword: dead_lettered") for line in lines), out
+    protocol = [line for line in lines if line.endswith("reported protocol_error; afterword: dead_lettered")]
     assert len(protocol) == 1, out
     assert not any(line.startswith("[later answer") for line in lines)
     run = _run(server, token, out)
-    assert [c["state"] for c in run["claims"]] == ["dead_lettered", "dead_lettered"]
+    assert [c["state"] for c in run["claims"]] == ["dead_lettered"] * 3
     headers = {"Authorization": f"Bearer {token.read_text()}"}
     with httpx.Client(trust_env=False, timeout=10) as client:
         health = client.get(f"{server.base}/v1/host/health", headers=headers).json()

@@ -293,7 +293,8 @@ export class TaskBridge {
       } catch (error) {
         if (error.status === 413) {
           // Bigger than the host API takes: say so, so the continuation ends task_result_too_large.
-          report = await this.host.reportTaskOutcome(cid, { status: "too_large", message: "result too large for the host API" });
+          outcome = { status: "too_large", message: "result too large for the host API" };
+          report = await this.host.reportTaskOutcome(cid, outcome);
         } else if (error.status === 0 || error.status === 429 || error.status >= 500) {
           failures += 1; // afterword unreachable or busy: poll again, report then
           continue;
@@ -303,7 +304,7 @@ export class TaskBridge {
       }
       failures = 0;
       this.outcomes.set(cid, outcome.status);
-      this.log("task", `${cid}: tasks/get says ${outcome.status}; afterword: ${report.state}${report.cancel ? ", cancel" : ""}`);
+      this.log("task", `${cid}: reported ${outcome.status}; afterword: ${report.state}${report.cancel ? ", cancel" : ""}`);
       if (report.cancel) {
         await this.#cancel(session, handle.taskId);
         return;
