@@ -93,8 +93,8 @@ def sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
 
 @pytest.fixture()
 def crowded_sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
-    """The same, admitting three unfinished continuations per run."""
-    yield from _serve(tmp_path, {"limits": {"maxActivePerOrigin": 3}})
+    """The same, admitting four unfinished continuations per run."""
+    yield from _serve(tmp_path, {"limits": {"maxActivePerOrigin": 4}})
 
 
 def _start_host(
@@ -246,8 +246,9 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
 ) -> None:
     """A task the server forgot is reported ``lost``; one whose ``tasks/get`` names another
     task is reported ``protocol_error`` after five malformed answers in a row; one whose result
-    is too big for the host API is reported ``too_large`` (all dead letters, with their
-    causes). A fourth task over the admission limit is
+    is too big for the host API is reported ``too_large``; one asking for input is reported
+    ``input_required`` and cancelled (all dead letters, with their causes). A fifth task over
+    the admission limit is
     refused by afterword: the model is told no answer will follow and the server gets
     ``tasks/cancel`` for it, so nothing runs unwatched."""
     server, token, gates = crowded_sidecar
@@ -257,6 +258,7 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
         f'{SELECTED}/job/{{"key": "gone", "forget": true}}',
         f'{SELECTED}/job/{{"key": "liar", "wrong_id": true}}',
         f'{SELECTED}/job/{{"key": "huge", "pad": {5 * 1024 * 1024}}}',
+        f'{SELECTED}/job/{{"key": "asks", "ask": true}}',
         f'{SELECTED}/job/{{"key": "second"}}',
     ]
     proc = _start_host(node, server, token, "local:node-tasks-hostile", calls)
@@ -267,9 +269,13 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
     (refused,) = [line for line in lines if line.startswith("[tool] job returned an error: ")]
     assert "afterword could not take this background task (admission_limit)" in refused
     assert "no answer will follow" in refused
-    assert [r["key"] for r in _records(record) if r["method"] == "tasks/cancel"] == ["second"]
+    # input_required: afterword dead-letters it and answers cancel; the host sends tasks/cancel.
+    assert any(
+        line.endswith("reported input_required; afterword: dead_lettered, cancel") for line in lines
+    ), out
+    assert sorted(r["key"] for r in _records(record) if r["method"] == "tasks/cancel") == ["asks", "second"]
     polls = [r for r in _records(record) if r["method"] == "tasks/get"]
-    assert sorted(r["key"] for r in polls) == ["gone", "huge"] + ["liar"] * 5
+    assert sorted(r["key"] for r in polls) == ["asks", "gone", "huge"] + ["liar"] * 5
     # Over the host API's 4 MiB body: refused with 413, so the host reports too_large instead.
     assert any(line.endswith("reported too_large; afterword: dead_lettered") for line in lines), out
     assert any(line.endswith("reported lost; afterword: dead_lettered") for line in lines), out
@@ -277,7 +283,7 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
     assert len(protocol) == 1, out
     assert not any(line.startswith("[later answer") for line in lines)
     run = _run(server, token, out)
-    assert [c["state"] for c in run["claims"]] == ["dead_lettered"] * 3
+    assert [c["state"] for c in run["claims"]] == ["dead_lettered"] * 4
     headers = {"Authorization": f"Bearer {token.read_text()}"}
     with httpx.Client(trust_env=False, timeout=10) as client:
         health = client.get(f"{server.base}/v1/host/health", headers=headers).json()

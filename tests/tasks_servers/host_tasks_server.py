@@ -7,7 +7,8 @@ declared ``io.modelcontextprotocol/tasks``, so a test can read what the server r
 When it was declared, ``job`` answers with a task handle; otherwise it runs inline. A task
 completes once the file ``<--gates>/<key>`` exists (a test opens the gate; no timing), fails
 when that file says ``fail``; ``job(wrong_id=true)`` answers ``tasks/get`` about another task; ``job(forget=true)``
-forgets its task at the first ``tasks/get`` (then "not found", as a server that lost its state). ``tasks/cancel`` is recorded too. ``malformed`` answers with a
+forgets its task at the first ``tasks/get`` (then "not found", as a server that lost its state);
+``job(ask=true)`` stays ``input_required`` until cancelled. ``tasks/cancel`` is recorded too. ``malformed`` answers with a
 broken handle of the kind asked for.
 
     python tests/tasks_servers/host_tasks_server.py --record R --gates DIR [--http --port P]
@@ -92,6 +93,16 @@ class HostTasks(Extension):
             return {"resultType": "complete", **self._fields(params.task_id, "working"), "taskId": "t-other"}
         if task["cancelled"]:
             return {"resultType": "complete", **self._fields(params.task_id, "cancelled")}
+        if task["ask"]:  # a task that waits for input nobody inside a continuation can give
+            question = {
+                "method": "elicitation/create",
+                "params": {"message": "Which disk?", "requestedSchema": {}},
+            }
+            return {
+                "resultType": "complete",
+                **self._fields(params.task_id, "input_required"),
+                "inputRequests": {"q1": question},
+            }
         gate = self.gates / task["key"]
         if not gate.exists():
             return {"resultType": "complete", **self._fields(params.task_id, "working")}
@@ -141,6 +152,7 @@ class HostTasks(Extension):
             "pad": int(args.get("pad", 0)),
             "echo": bool(args.get("echo", False)),  # a huge result: bytes of log in structuredContent
             "forget": bool(args.get("forget", False)),
+            "ask": bool(args.get("ask", False)),
             "cancelled": False,
         }
         return {"resultType": "task", **self._fields(task_id, "working")}
@@ -173,6 +185,7 @@ def build(record: Path, gates: Path) -> MCPServer:
         pad: int = 0,
         echo: bool = False,
         forget: bool = False,
+        ask: bool = False,
     ) -> str:
         """Run a job (as a task when the client declared the tasks extension)."""
         return f"{text} ran inline"
