@@ -14,6 +14,8 @@ tests/test_host_clients.py, whose toolchain fixture this reuses).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,6 +99,16 @@ def crowded_sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
     yield from _serve(tmp_path, {"limits": {"maxActivePerOrigin": 4}})
 
 
+def _finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """The host's output once it exits; a host that hangs is killed and fails the test."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the Node host did not exit within {timeout_s} s:\n{out[-3000:]}\n{err[-3000:]}")
+
+
 def _start_host(
     node_bin: str, server: Server, token: Path, reply_to: str, calls: list[str]
 ) -> subprocess.Popen[str]:
@@ -148,7 +160,7 @@ def test_node_host_adopts_a_task_and_afterword_delivers_its_answer_once(
         "a poll",
     )
     (gates / "a1").write_text("ok")
-    out, err = proc.communicate(timeout=90)
+    out, err = _finish(proc, 90)
     print(out)
     assert proc.returncode == 0, out[-4000:] + err[-4000:]
     assert token.read_text() not in out + err
@@ -214,7 +226,7 @@ def test_node_host_reports_a_failure_scrubbed_and_sends_tasks_cancel_when_told(
     with httpx.Client(trust_env=False, timeout=10) as client:
         cancelled = client.post(f"{server.base}/v1/host/continuations/{cid}/cancel", headers=headers, json={})
     assert cancelled.status_code == 200, cancelled.text
-    out, err = proc.communicate(timeout=90)
+    out, err = _finish(proc, 90)
     print(out)
     assert proc.returncode == 0, out[-4000:] + err[-4000:]
     assert [r["key"] for r in _records(record) if r["method"] == "tasks/cancel"] == ["never"]
@@ -262,7 +274,7 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
         f'{SELECTED}/job/{{"key": "second"}}',
     ]
     proc = _start_host(node, server, token, "local:node-tasks-hostile", calls)
-    out, err = proc.communicate(timeout=120)
+    out, err = _finish(proc, 120)
     print(out)
     assert proc.returncode == 0, out[-4000:] + err[-4000:]
     lines = out.splitlines()
@@ -288,3 +300,40 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
     with httpx.Client(trust_env=False, timeout=10) as client:
         health = client.get(f"{server.base}/v1/host/health", headers=headers).json()
     assert "task_lost" in {cause["code"] for cause in health["causes"]}, health
+
+
+@pytest.fixture()
+def short_lease_sidecar(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
+    """The same, with a host lease on host-followed tasks of one second."""
+    yield from _serve(tmp_path, {"limits": {"taskHostLeaseMs": 1000}})
+
+
+def test_node_host_stops_following_when_its_server_dies_and_the_host_lease_decides(
+    node: str,  # noqa: F811
+    short_lease_sidecar: tuple[Server, Path, Path],
+) -> None:
+    """The stdio server dies while its task is followed: the Node host stops (rather than
+    polling a dead session forever) and exits; with nobody reporting, afterword dead-letters
+    the continuation ``task_host_gone`` instead of leaving it pending."""
+    server, token, _ = short_lease_sidecar
+    record = server.config.parent / f"{SELECTED}.jsonl"
+    proc = _start_host(node, server, token, "local:node-tasks-gone", [f'{SELECTED}/job/{{"key": "orphan"}}'])
+    _wait_for(lambda: any(r["method"] == "tasks/get" for r in _records(record)), proc, "a poll")
+    os.kill(int(Path(f"{record}.pid").read_text()), signal.SIGKILL)
+    out, err = _finish(proc, 60)
+    print(out)
+    assert proc.returncode == 0, out[-4000:] + err[-4000:]
+    assert any("ended; afterword's host lease decides" in line for line in out.splitlines()), out
+    run_id = next(line for line in out.splitlines() if line.startswith("[run] begun ")).split()[2].rstrip(":")
+    headers = {"Authorization": f"Bearer {token.read_text()}"}
+    end = time.monotonic() + 30
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        while True:
+            (claim,) = client.get(f"{server.base}/v1/host/runs/{run_id}", headers=headers).json()["claims"]
+            if claim["state"] != "claimed" or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        health = client.get(f"{server.base}/v1/host/health", headers=headers).json()
+    assert claim["state"] == "dead_lettered", claim
+    assert claim["lastError"]["code"] == "task_host_gone", claim
+    assert any(claim["continuationId"] in cause["ids"] for cause in health["causes"]), health

@@ -127,6 +127,11 @@ export class McpSession {
     this.name = name;
     this.client = client;
     this.declaresTasks = declaresTasks;
+    this.closed = false;
+    // After the server exits, the SDK rejects new requests with a plain Error: remember it here.
+    client.onclose = () => {
+      this.closed = true;
+    };
     const deliver = transport.onmessage; // installed by Client.connect
     transport.onmessage = (message, extra) => {
       if (declaresTasks && message?.result?.resultType === "task") this.#handles.set(message.id, message.result);
@@ -273,7 +278,11 @@ export class TaskBridge {
       } catch (error) {
         if (error instanceof ProtocolError && error.code === INVALID_PARAMS) {
           outcome = { status: "lost", message: "the server no longer knows this task" };
-        } else if (error instanceof SdkError && error.code === SdkErrorCode.ConnectionClosed) {
+        } else if (
+          session.closed ||
+          (error instanceof SdkError &&
+            (error.code === SdkErrorCode.ConnectionClosed || error.code === SdkErrorCode.NotConnected))
+        ) {
           this.log("task", `the session following ${cid} ended; afterword's host lease decides`);
           return;
         } else if (error instanceof MalformedTask) {
