@@ -337,3 +337,27 @@ def test_node_host_stops_following_when_its_server_dies_and_the_host_lease_decid
     assert claim["state"] == "dead_lettered", claim
     assert claim["lastError"]["code"] == "task_host_gone", claim
     assert any(claim["continuationId"] in cause["ids"] for cause in health["causes"]), health
+
+
+def test_node_host_working_reports_keep_a_long_task_alive_past_the_host_lease(
+    node: str,  # noqa: F811
+    short_lease_sidecar: tuple[Server, Path, Path],
+) -> None:
+    """A task that works for several host leases (one second each) is still delivered: every
+    ``working`` report renews the lease."""
+    server, token, gates = short_lease_sidecar
+    record = server.config.parent / f"{SELECTED}.jsonl"
+    reply_to = "local:node-tasks-long"
+    proc = _start_host(
+        node, server, token, reply_to, [f'{SELECTED}/job/{{"key": "long", "text": "long haul"}}']
+    )
+    # 16 polls at the 250 ms floor: about four leases of working reports.
+    _wait_for(lambda: sum(r["method"] == "tasks/get" for r in _records(record)) >= 16, proc, "16 polls")
+    (gates / "long").write_text("ok")
+    out, err = _finish(proc, 60)
+    assert proc.returncode == 0, out[-4000:] + err[-4000:]
+    assert sum(line.endswith("reported working; afterword: claimed") for line in out.splitlines()) >= 15, out
+    (delivered,) = [json.loads(x) for x in _outbox(server).read_text().splitlines() if x.strip()]
+    assert delivered["conversationId"] == reply_to and "long haul" in delivered["text"]
+    (claim,) = _run(server, token, out)["claims"]
+    assert claim["state"] == "delivered"
