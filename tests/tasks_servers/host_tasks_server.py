@@ -6,7 +6,9 @@ Every ``tools/call`` is appended to ``--record`` as a JSON line saying whether t
 declared ``io.modelcontextprotocol/tasks``, so a test can read what the server received.
 When it was declared, ``job`` answers with a task handle; otherwise it runs inline. A task
 completes once the file ``<--gates>/<key>`` exists (a test opens the gate; no timing), fails
-when that file says ``fail``; ``job(wrong_id=true)`` answers ``tasks/get`` about another task. ``tasks/cancel`` is recorded too. ``malformed`` answers with a
+when that file says ``fail``; ``job(wrong_id=true)`` answers ``tasks/get`` about another task; ``job(forget=true)``
+forgets its task at the first ``tasks/get`` (then "not found", as a server that lost its state);
+``job(ask=true)`` stays ``input_required`` until cancelled. ``tasks/cancel`` is recorded too. ``malformed`` answers with a
 broken handle of the kind asked for.
 
     python tests/tasks_servers/host_tasks_server.py --record R --gates DIR [--http --port P]
@@ -84,10 +86,23 @@ class HostTasks(Extension):
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         task = self._task(params.task_id)
         self.log({"method": "tasks/get", "key": task["key"]})
+        if task["forget"]:  # a server that lost its state (restarted, evicted): unknown from now on
+            del self.tasks[params.task_id]
+            raise MCPError(code=INVALID_PARAMS, message=f"Task {params.task_id} not found")
         if task["wrong_id"]:  # a hostile or buggy server: answers about another task
             return {"resultType": "complete", **self._fields(params.task_id, "working"), "taskId": "t-other"}
         if task["cancelled"]:
             return {"resultType": "complete", **self._fields(params.task_id, "cancelled")}
+        if task["ask"]:  # a task that waits for input nobody inside a continuation can give
+            question = {
+                "method": "elicitation/create",
+                "params": {"message": "Which disk?", "requestedSchema": {}},
+            }
+            return {
+                "resultType": "complete",
+                **self._fields(params.task_id, "input_required"),
+                "inputRequests": {"q1": question},
+            }
         gate = self.gates / task["key"]
         if not gate.exists():
             return {"resultType": "complete", **self._fields(params.task_id, "working")}
@@ -136,6 +151,8 @@ class HostTasks(Extension):
             "wrong_id": bool(args.get("wrong_id", False)),
             "pad": int(args.get("pad", 0)),
             "echo": bool(args.get("echo", False)),  # a huge result: bytes of log in structuredContent
+            "forget": bool(args.get("forget", False)),
+            "ask": bool(args.get("ask", False)),
             "cancelled": False,
         }
         return {"resultType": "task", **self._fields(task_id, "working")}
@@ -161,7 +178,14 @@ def build(record: Path, gates: Path) -> MCPServer:
 
     @server.tool()
     def job(
-        key: str, text: str = "", poll_ms: int = 50, wrong_id: bool = False, pad: int = 0, echo: bool = False
+        key: str,
+        text: str = "",
+        poll_ms: int = 50,
+        wrong_id: bool = False,
+        pad: int = 0,
+        echo: bool = False,
+        forget: bool = False,
+        ask: bool = False,
     ) -> str:
         """Run a job (as a task when the client declared the tasks extension)."""
         return f"{text} ran inline"
