@@ -15,6 +15,7 @@ from typing import Protocol
 from ..blobs import BlobStore
 from ..config import Config
 from ..continuations.model import Continuation
+from ..protocol.tasks import TaskOutcome, TaskReport
 
 ChangeListener = Callable[[Continuation | None, Continuation], None]
 Transition = Callable[[Continuation], Continuation | None]
@@ -68,6 +69,29 @@ class WorkerPorts(Protocol):
         """Whether the record's immutable claim still matches its MAC."""
 
     async def apply_retention(self) -> tuple[int, int, int]: ...
+
+
+class FollowedTask(Protocol):
+    @property
+    def continuation_id(self) -> str: ...
+    @property
+    def server(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def deadline_ms(self) -> int: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+
+
+class TaskFollowing(Protocol):
+    def tasks_to_follow(self) -> list[FollowedTask]: ...
+
+    async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport: ...
+
+    async def record_task_cancel_sent(self, cid: str, ok: bool, detail: str | None) -> None: ...
 
 
 class HistoryRecorder(Protocol):
