@@ -1,5 +1,5 @@
 """The follower's ``tasks/get``/``tasks/cancel`` over the real SDK 2.x client, against a real
-Tasks server on loopback (tests/tasks_servers/sdk_extension_server.py): how each answer of a
+Tasks server on loopback (tests/tasks_servers.inproc_sdk_server.py): how each answer of a
 well-behaved, a forgetful and a hostile server is judged."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ require_sdk2()
 
 import anyio  # noqa: E402
 import pytest  # noqa: E402
-from tasks_servers.sdk_extension_server import TaskBook, serving  # noqa: E402
+from tasks_servers.inproc_sdk_server import TaskBook, serving  # noqa: E402
 
 from afterword.worker.taskanswers import Malformed, Polled, TooLarge, Unknown, Unreachable  # noqa: E402
 from afterword.worker.taskfollow import MAX_ANSWER_BYTES, load_wire  # noqa: E402

@@ -1,4 +1,4 @@
-"""A Tasks server written directly on the MCP Python SDK 2.x server extension API.
+"""An in-process Tasks server written directly on the MCP Python SDK 2.x server extension API.
 
 No FastMCP: an ``mcp.server.extension.Extension`` contributes ``tasks/get`` and
 ``tasks/cancel`` (``MethodBinding``) and runs the ``start_job`` tool as a task
