@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 import anyio
 import pytest
 
+from afterword.config import McpServer
 from afterword.protocol.tasks import TaskOutcome, TaskReport
 from afterword.worker.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
-from afterword.worker.taskfollow import TaskFollower
+from afterword.worker.taskfollow import TaskFollower, follows_any
 from afterword.worker.tasktiming import MAX_POLL_MS, MIN_POLL_MS, error_delay_ms, working_delay_ms
 
 URL = "http://127.0.0.1:9/mcp"
@@ -268,3 +269,14 @@ async def test_the_loop_wakes_on_the_change_signal() -> None:
                 await anyio.wait_all_tasks_blocked()
             await f.stop()
     assert wire.gets == ["t1", "t2"]
+
+
+def test_the_follower_is_wanted_only_for_a_selected_http_server() -> None:
+    servers = {
+        "web": McpServer(name="web", transport="http", url=URL),
+        "local": McpServer(name="local", transport="stdio", command="/bin/true"),
+    }
+    assert follows_any(servers, ["local", "web"])
+    assert not follows_any(servers, ["local"])  # a stdio server's tasks are the host's to follow
+    assert not follows_any(servers, [])
+    assert not follows_any(servers, ["gone"])

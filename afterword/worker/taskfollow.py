@@ -6,7 +6,7 @@ Nothing about the polling schedule is durable: after a restart every task the se
 follows is polled at once, and the schedule is rebuilt from the answers. What is durable is
 the service's (the outcome, the intent to cancel, whether ``tasks/cancel`` was sent).
 
-Timing (docs/tasks.md): after ``working``, the next poll comes after the server's
+Timing (docs/task-following.md): after ``working``, the next poll comes after the server's
 ``pollIntervalMs`` clamped to [250 ms, 60 s] (without a hint: 1 s, doubling to 60 s); after an
 error, a backoff from 1 s doubling to 60 s; never a poll at or after the deadline (the
 service's expiry applies then). Polls share the worker's concurrency limiter, each request is
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
@@ -38,7 +38,7 @@ from ..store import VersionConflict
 from .taskanswers import Answer, Malformed, TooLarge, Unknown, Unreachable
 from .tasktiming import MAX_FAILED_POLLS, error_delay_ms, working_delay_ms
 
-__all__ = ["MAX_ANSWER_BYTES", "REQUEST_TIMEOUT_S", "TaskFollower", "TaskWire", "load_wire"]
+__all__ = ["MAX_ANSWER_BYTES", "REQUEST_TIMEOUT_S", "TaskFollower", "TaskWire", "follows_any", "load_wire"]
 
 log = logging.getLogger("afterword.tasks.follow")
 # A tasks/get answer carries the CallToolResult around the payload afterword keeps (at most
@@ -58,6 +58,12 @@ class TaskWire(Protocol):
         self, url: str, headers: Mapping[str, str], task_id: str, timeout_s: float
     ) -> str | None:
         """``None`` when the server accepted the cancel, else why not (no secrets)."""
+
+
+def follows_any(mcp_servers: Mapping[str, McpServer], continuation_servers: Iterable[str]) -> bool:
+    """Whether a selected continuation server is one the service would follow (streamable
+    HTTP; a stdio server's tasks are followed by the host that runs it)."""
+    return any(s in mcp_servers and mcp_servers[s].transport == "http" for s in continuation_servers)
 
 
 def load_wire() -> TaskWire | None:

@@ -1,4 +1,4 @@
-"""When the task follower polls next: pure arithmetic on milliseconds (docs/tasks.md)."""
+"""When the task follower polls next: pure arithmetic on milliseconds (docs/task-following.md)."""
 
 from __future__ import annotations
 
