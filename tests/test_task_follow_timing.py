@@ -280,3 +280,18 @@ def test_the_follower_is_wanted_only_for_a_selected_http_server() -> None:
     assert not follows_any(servers, ["local"])  # a stdio server's tasks are the host's to follow
     assert not follows_any(servers, [])
     assert not follows_any(servers, ["gone"])
+
+
+@pytest.mark.anyio
+async def test_a_surprise_in_the_wire_backs_off_without_ending_anything() -> None:
+    clock = Clock()
+    port, wire = one_task(clock, working(300))
+
+    async def broken(url: str, headers: Mapping[str, str], task_id: str, timeout_s: float) -> Answer:
+        raise RuntimeError("a bug")
+
+    wire.get = broken  # type: ignore[method-assign]
+    f = follower(port, wire, clock)
+    f.refresh()
+    assert await f.poll_due() == ["c1"]
+    assert port.outcomes == [] and f.next_due_ms() == clock.now + 1000

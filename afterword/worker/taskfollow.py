@@ -198,6 +198,12 @@ class TaskFollower:
             log.warning("task follow %s: the outcome could not be recorded: %s", cid, type(exc).__name__)
             follow.errors += 1
             follow.due_ms = self._capped(error_delay_ms(follow.errors, self.jitter()), follow)
+        except Exception as exc:
+            # A bug or a surprise in the SDK must not stop the follower (nor the service): the
+            # task is polled again later; its deadline still bounds how long.
+            log.error("task follow %s: poll failed unexpectedly: %s", cid, type(exc).__name__)
+            follow.errors += 1
+            follow.due_ms = self._capped(error_delay_ms(follow.errors, self.jitter()), follow)
         finally:
             self.in_flight.discard(cid)
             self._wake.set()

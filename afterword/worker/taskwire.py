@@ -160,6 +160,9 @@ class McpTaskWire:
                 return None, TooLarge(self.max_answer_bytes)
             if leaves and all(isinstance(leaf, _TRANSIENT) for leaf in leaves):
                 return None, Unreachable(type(leaves[0]).__name__)
+            if leaves and all(isinstance(leaf, _SHAPE) for leaf in leaves):
+                # The SDK choked on what the server sent (its envelope, its framing).
+                return None, Malformed(f"the answer could not be read ({type(leaves[0]).__name__})")
             raise
         return outcome
 
@@ -190,6 +193,7 @@ class McpTaskWire:
         return clip(getattr(failure, "detail", None) or getattr(failure, "message", None) or "refused", 200)
 
 
+_SHAPE = (ValueError, KeyError, TypeError)  # pydantic.ValidationError is a ValueError
 _TRANSIENT = (
     OSError,
     httpx2.TransportError,
