@@ -11,40 +11,36 @@ recorded (also when it fails), and the change signal wakes the loop.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 import pytest
 
+from afterword.app.ports import FollowedTask
 from afterword.config import McpServer
 from afterword.protocol.tasks import TaskOutcome, TaskReport
 from afterword.worker.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
 from afterword.worker.taskfollow import TaskFollower, follows_any
-from afterword.worker.tasktiming import MAX_POLL_MS, MIN_POLL_MS, error_delay_ms, working_delay_ms
 
 URL = "http://127.0.0.1:9/mcp"
 HOUR = 3_600_000
 
 
-@dataclass(frozen=True)
-class Followed:
-    continuation_id: str
-    task_id: str
-    deadline_ms: int
-    server: str = "tasks"
-    url: str = URL
-    cancel_requested: bool = False
+def Followed(cid: str, task_id: str, deadline_ms: int, **changes: object) -> FollowedTask:
+    fields: dict[str, object] = {"server": "tasks", "url": URL, "cancel_requested": False, **changes}
+    return FollowedTask(continuation_id=cid, task_id=task_id, deadline_ms=deadline_ms, **fields)  # type: ignore[arg-type]
 
 
 @dataclass
 class FakePort:
     """The service side of the port, reduced to what the follower may observe."""
 
-    tasks: dict[str, Followed] = field(default_factory=dict)
+    tasks: dict[str, FollowedTask] = field(default_factory=dict)
     outcomes: list[tuple[str, TaskOutcome]] = field(default_factory=list)
     cancels: list[tuple[str, bool, str | None]] = field(default_factory=list)
 
-    def tasks_to_follow(self) -> list[Followed]:
+    def tasks_to_follow(self) -> list[FollowedTask]:
         return list(self.tasks.values())
 
     async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
@@ -103,15 +99,6 @@ def one_task(clock: Clock, *answers: Answer, deadline_ms: int = HOUR) -> tuple[F
     return port, ScriptedWire(answers={"t1": list(answers)})
 
 
-def test_poll_interval_clamp_and_ramp() -> None:
-    assert working_delay_ms(0, 0) == MIN_POLL_MS == 250
-    assert working_delay_ms(10**9, 0) == MAX_POLL_MS == 60_000
-    assert working_delay_ms(700, 0) == 700
-    assert [working_delay_ms(None, n) for n in (1, 2, 3, 7, 50)] == [1000, 2000, 4000, 60_000, 60_000]
-    assert [error_delay_ms(n, 0.0) for n in (1, 2, 3, 10, 10**6)] == [1000, 2000, 4000, 60_000, 60_000]
-    assert error_delay_ms(1, 0.999) >= 800
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize(("hint", "delay"), [(0, 250), (10**9, 60_000), (None, 1000), (1500, 1500)])
 async def test_working_polls_again_after_the_clamped_interval(hint: int | None, delay: int) -> None:
@@ -140,10 +127,11 @@ async def test_unreachable_backs_off_and_never_polls_at_the_deadline() -> None:
         clock.now = due
         if await f.poll_due():
             times.append(clock.now - 1_000_000)
-    # 1 s, 2 s, 4 s backoff; the next (8 s later) would pass the 10 s deadline: none at 10 s.
-    assert times == [0, 1000, 3000, 7000]
+    # 2 s, 4 s backoff (1 s without a hint, doubled per failure); the next (8 s later) would
+    # pass the 10 s deadline: no poll at or after it.
+    assert times == [0, 2000, 6000]
     assert port.outcomes == []  # the service's expiry decides, not the follower
-    assert wire.timeouts[-1] == pytest.approx(3.0)  # a request never outlives the deadline
+    assert wire.timeouts[-1] == pytest.approx(4.0)  # a request never outlives the deadline
 
 
 @pytest.mark.anyio
@@ -213,7 +201,7 @@ async def test_operator_cancel_is_due_at_once_and_sent_once() -> None:
     f.refresh()
     await f.poll_due()
     clock.now += 10
-    port.tasks["c1"] = replace(port.tasks["c1"], cancel_requested=True)
+    port.tasks["c1"] = msgspec.structs.replace(port.tasks["c1"], cancel_requested=True)
     port.cancels.clear()
     f.refresh()
     assert f.next_due_ms() == clock.now
@@ -294,4 +282,24 @@ async def test_a_surprise_in_the_wire_backs_off_without_ending_anything() -> Non
     f = follower(port, wire, clock)
     f.refresh()
     assert await f.poll_due() == ["c1"]
-    assert port.outcomes == [] and f.next_due_ms() == clock.now + 1000
+    assert port.outcomes == [] and f.next_due_ms() == clock.now + 2000
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("jitter", "delays"), [(0.0, [500, 1000, 2000]), (0.999, [400, 800, 1600])])
+async def test_the_backoff_doubles_the_servers_hint_and_jitter_only_shortens_it(
+    jitter: float, delays: list[int]
+) -> None:
+    clock = Clock()
+    port = FakePort(tasks={"c1": Followed("c1", "t1", clock.now + HOUR, poll_interval_ms=0)})
+    wire = ScriptedWire(answers={"t1": [Unreachable("ConnectError")]})
+    f = TaskFollower(port, wire, limiter=anyio.CapacityLimiter(1), clock_ms=clock, jitter=lambda: jitter)
+    f.refresh()
+    seen = []
+    for _ in delays:
+        await f.poll_due()
+        due = f.next_due_ms()
+        assert due is not None
+        seen.append(due - clock.now)
+        clock.now = due
+    assert seen == delays  # a hint of 0 is 250 ms, doubled per failure; never below 250 ms

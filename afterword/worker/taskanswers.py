@@ -88,9 +88,9 @@ class _Task(msgspec.Struct, kw_only=True, rename="camel"):
 
 def clip(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
     """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary."""
-    data = text.encode("utf-8", "replace")
+    data = text.encode("utf-8", "replace")  # a lone surrogate (JSON allows one) becomes "?"
     if len(data) <= limit:
-        return text
+        return data.decode("utf-8")
     return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 

@@ -31,12 +31,12 @@ from ..config import McpServer
 from ..continuations.errors import ContinuationError, InvalidTransition
 from ..continuations.model import Continuation
 from ..continuations.rules import MAX_RESULT_BODY
+from ..continuations.taskoutcomes import MIN_POLL_MS, poll_delay_ms
 from ..disk import DiskError
 from ..protocol.headers import strip_reserved_headers
 from ..protocol.tasks import TaskOutcome
 from ..store import VersionConflict
 from .taskanswers import Answer, Malformed, TooLarge, Unknown, Unreachable
-from .tasktiming import MAX_FAILED_POLLS, error_delay_ms, working_delay_ms
 
 __all__ = ["MAX_ANSWER_BYTES", "REQUEST_TIMEOUT_S", "TaskFollower", "TaskWire", "follows_any", "load_wire"]
 
@@ -44,6 +44,7 @@ log = logging.getLogger("afterword.tasks.follow")
 # A tasks/get answer carries the CallToolResult around the payload afterword keeps (at most
 # MAX_RESULT_BODY): reading stops well past that and far below anything that hurts.
 MAX_ANSWER_BYTES = 4 * MAX_RESULT_BODY + 64 * 1024
+MAX_FAILED_POLLS = 5  # consecutive answers that break the protocol before giving up
 REQUEST_TIMEOUT_S = 30.0
 DRAIN_SECONDS = 5.0
 TERMINAL = frozenset({"completed", "failed", "cancelled", "lost", "protocol_error", "too_large"})
@@ -85,14 +86,9 @@ class _Follow:
     due_ms: int
     failed_polls: int = 0  # consecutive answers that broke the protocol
     errors: int = 0  # consecutive polls without an answer (or a refused report)
-    workings: int = 0  # consecutive ``working`` answers without an interval hint
+    hint_ms: int | None = None  # the server's latest pollIntervalMs
     cancel_sent: bool = False
     done: bool = False  # an ending was reported: nothing more to poll
-
-
-def _ending(status: str, message: str) -> TaskOutcome:
-    """An outcome the follower concludes itself (the server did not say it)."""
-    return TaskOutcome(status=status, message=message)  # type: ignore[arg-type]
 
 
 class TaskFollower:
@@ -144,7 +140,7 @@ class TaskFollower:
         for cid, task in current.items():
             follow = self.follows.get(cid)
             if follow is None:
-                self.follows[cid] = _Follow(task, due_ms=now)
+                self.follows[cid] = _Follow(task, due_ms=now, hint_ms=task.poll_interval_ms)
             else:
                 if task.cancel_requested and not follow.task.cancel_requested:
                     follow.due_ms = now
@@ -196,14 +192,12 @@ class TaskFollower:
             follow.done = True
         except (ContinuationError, DiskError) as exc:
             log.warning("task follow %s: the outcome could not be recorded: %s", cid, type(exc).__name__)
-            follow.errors += 1
-            follow.due_ms = self._capped(error_delay_ms(follow.errors, self.jitter()), follow)
+            self._back_off(follow)
         except Exception as exc:
             # A bug or a surprise in the SDK must not stop the follower (nor the service): the
             # task is polled again later; its deadline still bounds how long.
             log.error("task follow %s: poll failed unexpectedly: %s", cid, type(exc).__name__)
-            follow.errors += 1
-            follow.due_ms = self._capped(error_delay_ms(follow.errors, self.jitter()), follow)
+            self._back_off(follow)
         finally:
             self.in_flight.discard(cid)
             self._wake.set()
@@ -220,18 +214,25 @@ class TaskFollower:
     def _capped(self, delay_ms: int, follow: _Follow) -> int:
         return min(self.clock_ms() + delay_ms, follow.task.deadline_ms)
 
+    def _back_off(self, follow: _Follow) -> None:
+        """After a failed poll: the poll delay doubled per consecutive failure (the core's
+        rule), shortened at random by up to a fifth so that the tasks of one restarted server
+        do not all poll again in step."""
+        follow.errors += 1
+        delay = poll_delay_ms(follow.hint_ms, follow.errors)
+        shortened = int(delay * (1 - 0.2 * min(max(self.jitter(), 0.0), 1.0)))
+        follow.due_ms = self._capped(max(MIN_POLL_MS, shortened), follow)
+
     async def _poll(self, follow: _Follow) -> None:
         task = follow.task
         async with self.limiter:
             answer = await self.wire.get(task.url, self._headers(task), task.task_id, self._timeout_s(task))
         if isinstance(answer, Unreachable):
-            follow.errors += 1
-            follow.due_ms = self._capped(error_delay_ms(follow.errors, self.jitter()), follow)
+            self._back_off(follow)
             log.info("task follow %s: no answer (%s); retrying", task.continuation_id, answer.detail)
             return
         if isinstance(answer, Malformed):
             follow.failed_polls += 1
-            follow.errors += 1
             log.warning(
                 "task follow %s: failed poll %d of %d: %s",
                 task.continuation_id,
@@ -240,24 +241,24 @@ class TaskFollower:
                 answer.detail,
             )
             if follow.failed_polls >= MAX_FAILED_POLLS:
-                await self._report(follow, _ending("protocol_error", answer.detail))
+                await self._report(follow, TaskOutcome(status="protocol_error", message=answer.detail))
             else:
-                follow.due_ms = self._capped(error_delay_ms(follow.errors, self.jitter()), follow)
+                self._back_off(follow)
             return
         if isinstance(answer, Unknown):
             await self._report(follow, TaskOutcome(status="lost", message=answer.message))
             return
         if isinstance(answer, TooLarge):
             await self._report(
-                follow, _ending("too_large", f"the task's answer is longer than {answer.limit} bytes")
+                follow, TaskOutcome(status="too_large", message=f"the task's answer is longer than {answer.limit} bytes")
             )
             return
         follow.failed_polls = follow.errors = 0
         outcome = answer.outcome
         if outcome.status == "working":
             hint = outcome.poll_interval_ms
-            follow.workings = follow.workings + 1 if hint is None else 0
-            follow.due_ms = self._capped(working_delay_ms(hint, follow.workings), follow)
+            follow.hint_ms = hint if hint is not None else follow.hint_ms
+            follow.due_ms = self._capped(poll_delay_ms(follow.hint_ms), follow)
         await self._report(follow, outcome)
 
     async def _report(self, follow: _Follow, outcome: TaskOutcome) -> None:

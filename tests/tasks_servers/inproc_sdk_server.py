@@ -74,10 +74,11 @@ class TaskBook:
     def lose_all(self) -> None:
         self.tasks.clear()
 
-    async def next_poll(self) -> None:
-        """Wait for the next ``tasks/get`` (a gate, not a sleep)."""
-        self.polled = anyio.Event()
-        await self.polled.wait()
+    async def polls(self, count: int) -> None:
+        """Wait until ``count`` ``tasks/get`` requests have arrived in all (a gate, not a sleep)."""
+        while len(self.gets) < count:
+            self.polled = anyio.Event()
+            await self.polled.wait()
 
 
 class TasksExtension(Extension):
