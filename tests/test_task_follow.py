@@ -9,6 +9,7 @@ service's clock (``refresh``/``poll_due``) for the timing rows, so no test waits
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -48,9 +49,15 @@ class Frozen:
 
 @asynccontextmanager
 async def service_for(
-    root: Path, url: str, *, run_worker: bool = True, clock: Callable[[], int] | None = None
+    root: Path,
+    url: str,
+    *,
+    run_worker: bool = True,
+    clock: Callable[[], int] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> AsyncIterator[ContinuationService]:
-    path = write_config(root, servers={WEB: {"url": url}}, selected=[WEB])
+    server: dict[str, Any] = {"url": url, **({"headers": headers} if headers else {})}
+    path = write_config(root, servers={WEB: server}, selected=[WEB])
     config = afterword.load_config(path, environ=ENV)
     async with afterword.open_service(
         config, run_worker=run_worker, environ=ENV, clock_ms=clock or Clock()
@@ -262,6 +269,32 @@ async def test_a_huge_answer_is_dead_lettered_too_large_without_being_read(tmp_p
         await follower.poll_due()
         rec = record(service, cid)
     assert rec.state == "dead_lettered" and task_cause(rec) == "task_result_too_large"
+
+
+async def test_configured_headers_are_sent_and_never_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "Bearer s3cr3t-0123456789"
+    book = TaskBook()
+    task_id = book.new(poll_interval_ms=0)
+    book.hostile = "malformed"
+    clock = Frozen()
+    caplog.set_level(logging.DEBUG)
+    async with serving(book) as url, service_for(
+        tmp_path, url, run_worker=False, clock=clock, headers={"Authorization": secret}
+    ) as service:
+        cid = await adopt(service, task_id)
+        follower = stepped(service)
+        follower.refresh()
+        await follower.poll_due()
+        book.hostile = "error_500"
+        await step_to_next(follower, clock)
+        await service.cancel_continuation(cid)
+        follower.refresh()
+        await follower.poll_due()  # tasks/cancel
+    assert [h.get("authorization") for h in book.headers] == [secret, secret]
+    assert book.cancels == [task_id]
+    assert caplog.records and secret not in caplog.text and "s3cr3t" not in caplog.text
 
 
 # -- wiring ---------------------------------------------------------------------------------------

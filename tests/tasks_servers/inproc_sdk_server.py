@@ -55,6 +55,7 @@ class TaskBook:
     gets: list[str] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
     declared: list[bool] = field(default_factory=list)  # did each task request declare the extension
+    headers: list[dict[str, str]] = field(default_factory=list)  # each task request's HTTP headers
     release_slow: anyio.Event = field(default_factory=anyio.Event)
     polled: anyio.Event = field(default_factory=anyio.Event)
     next_id: int = 0
@@ -125,6 +126,8 @@ class TasksExtension(Extension):
         book = self.book
         book.gets.append(params.task_id)
         book.declared.append(self._declared(params))
+        http = ctx.request
+        book.headers.append({k.lower(): v for k, v in http.headers.items()} if http is not None else {})
         try:
             if book.hostile == "slow":
                 await book.release_slow.wait()
