@@ -177,6 +177,26 @@ async def test_unreachable_until_the_deadline_expires_and_owes_a_cancel(tmp_path
 
 
 # -- stepped on the service's clock -----------------------------------------------------------
+async def test_a_refused_cancel_is_recorded_and_not_sent_again(tmp_path: Path) -> None:
+    book = TaskBook()
+    task_id = book.new()
+    async with serving(book) as url, service_for(tmp_path, url, run_worker=False) as service:
+        cid = await adopt(service, task_id)
+        follower = stepped(service)
+        follower.refresh()
+        await follower.poll_due()
+        book.lose_all()  # the server will not know the task it is asked to cancel
+        await service.cancel_continuation(cid)
+        follower.refresh()
+        await follower.poll_due()
+        rec = record(service, cid)
+        follower.refresh()
+        assert await follower.poll_due() == [] and service.tasks_to_follow() == []
+    assert book.cancels == [task_id]
+    assert rec.state == "cancelled" and rec.task.cancel_ok is False  # the cancel stands
+    assert "not found" in rec.task.cancel_detail
+
+
 @pytest.mark.parametrize(("hint", "delay"), [(0, 250), (10**9, 60_000)])
 async def test_a_hostile_poll_interval_is_clamped(tmp_path: Path, hint: int, delay: int) -> None:
     book = TaskBook()
