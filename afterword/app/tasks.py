@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import logging
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 
 import anyio
 
@@ -48,10 +49,12 @@ SDK_EXTRA = "afterword[mcp]"
 
 
 def mcp_sdk_available() -> bool:
-    """Whether the MCP SDK the service's task follower needs can be imported."""
+    """Whether the MCP SDK the service's task follower needs is installed: the 2.x line (the
+    1.x line has no tasks extension). Reads the package's metadata, imports nothing."""
     try:
-        return importlib.util.find_spec("mcp") is not None
-    except (ImportError, ValueError):
+        major = version("mcp").split(".")[0]
+        return major == "2" and importlib.util.find_spec("mcp") is not None
+    except (PackageNotFoundError, ImportError, ValueError):
         return False
 
 
@@ -92,7 +95,7 @@ class Tasks:
         if entry is not None and entry.transport == "http" and entry.url and is_loopback_url(entry.url):
             if not self.sdk_available():
                 raise Unavailable(
-                    f"following the tasks of the HTTP server {server} needs the MCP SDK: install {SDK_EXTRA}"
+                    f"following the tasks of the HTTP server {server} needs the MCP SDK 2.x: install {SDK_EXTRA}"
                 )
             return "service"
         raise InvalidRequest(
