@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import anyio
 import msgspec
@@ -226,7 +227,8 @@ async def test_a_restart_polls_everything_at_once() -> None:
 
 @pytest.mark.anyio
 async def test_the_loop_wakes_on_the_change_signal() -> None:
-    """No poll is due for a minute; an adoption's change signal makes the loop poll at once."""
+    """No poll is due for a minute; an adoption's change signal makes the loop poll at once (a
+    change to a record that is not a service-followed task does not)."""
     clock = Clock()
     port, wire = one_task(clock, working(60_000))
     listeners = []
@@ -252,7 +254,10 @@ async def test_the_loop_wakes_on_the_change_signal() -> None:
             assert wire.gets == ["t1"] and sleeps[-1] == pytest.approx(60.0)
             port.tasks["c2"] = Followed("c2", "t2", clock.now + HOUR)
             wire.answers["t2"] = [working(60_000)]
-            listeners[0](None, None)
+            listeners[0](None, SimpleNamespace(task=None))  # another record's change: no re-read
+            await anyio.wait_all_tasks_blocked()
+            assert wire.gets == ["t1"]
+            listeners[0](None, SimpleNamespace(task=SimpleNamespace(follow="service")))
             while wire.gets.count("t2") < 1 or f.in_flight:
                 await anyio.wait_all_tasks_blocked()
             await f.stop()

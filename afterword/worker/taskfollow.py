@@ -125,8 +125,10 @@ class TaskFollower:
             subscribe(self._on_change)
 
     def _on_change(self, old: Continuation | None, new: Continuation) -> None:
-        # A new adoption or a requested cancel: re-read the port at once (coalesced).
-        self._wake.set()
+        # A new adoption, a requested cancel, an ending: re-read the port at once (coalesced).
+        # Other records' changes do not wake it: each re-read walks the live records.
+        if new.task is not None and new.task.follow == "service":
+            self._wake.set()
 
     # -- the steps ---------------------------------------------------------------------------
     def refresh(self) -> None:
