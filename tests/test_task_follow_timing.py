@@ -20,6 +20,8 @@ import pytest
 
 from afterword.app.ports import FollowedTask
 from afterword.config import McpServer
+from afterword.continuations.errors import InvalidTransition
+from afterword.disk import DiskError
 from afterword.protocol.tasks import TaskOutcome, TaskReport
 from afterword.worker.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
 from afterword.worker.taskfollow import TaskFollower, follows_any
@@ -308,3 +310,47 @@ async def test_the_backoff_doubles_the_servers_hint_and_jitter_only_shortens_it(
         seen.append(due - clock.now)
         clock.now = due
     assert seen == delays  # a hint of 0 is 250 ms, doubled per failure; never below 250 ms
+
+
+@pytest.mark.anyio
+async def test_a_cancel_owed_after_the_record_ended_elsewhere_is_still_sent() -> None:
+    """The record ended under the follower (an operator was first): it stops polling, and the
+    cancel the service then says is owed is still sent."""
+    clock = Clock()
+    port, wire = one_task(clock, working(300))
+
+    async def ended_elsewhere(cid: str, outcome: TaskOutcome) -> TaskReport:
+        raise InvalidTransition("cancelled", "task_outcome")
+
+    port.report_task_outcome = ended_elsewhere  # type: ignore[method-assign]
+    f = follower(port, wire, clock)
+    f.refresh()
+    await f.poll_due()
+    assert f.next_due_ms() is None  # nothing more to poll
+    port.tasks["c1"] = msgspec.structs.replace(port.tasks["c1"], cancel_requested=True)
+    f.refresh()
+    assert await f.poll_due() == ["c1"]
+    assert wire.cancelled == ["t1"] and port.cancels == [("c1", True, None)]
+
+
+@pytest.mark.anyio
+async def test_a_cancel_the_service_could_not_record_is_recorded_later_not_sent_again() -> None:
+    clock = Clock()
+    port, wire = one_task(clock, working(300))
+    port.tasks["c1"] = msgspec.structs.replace(port.tasks["c1"], cancel_requested=True)
+    record = port.record_task_cancel_sent
+    failures = [DiskError("EIO")]
+
+    async def flaky(cid: str, ok: bool, detail: str | None) -> None:
+        if failures:
+            raise failures.pop()
+        await record(cid, ok, detail)
+
+    port.record_task_cancel_sent = flaky  # type: ignore[method-assign]
+    f = follower(port, wire, clock)
+    f.refresh()
+    await f.poll_due()
+    assert wire.cancelled == ["t1"] and port.cancels == []
+    clock.now = f.next_due_ms() or clock.now
+    assert await f.poll_due() == ["c1"]
+    assert wire.cancelled == ["t1"] and port.cancels == [("c1", True, None)]

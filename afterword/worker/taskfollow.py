@@ -87,7 +87,8 @@ class _Follow:
     failed_polls: int = 0  # consecutive answers that broke the protocol
     errors: int = 0  # consecutive polls without an answer (or a refused report)
     hint_ms: int | None = None  # the server's latest pollIntervalMs
-    cancel_sent: bool = False
+    cancel_refusal: tuple[str | None] | None = None  # set once tasks/cancel was sent: (why refused)
+    cancel_recorded: bool = False
     done: bool = False  # an ending was reported: nothing more to poll
 
 
@@ -152,20 +153,22 @@ class TaskFollower:
         return [
             f
             for cid, f in self.follows.items()
-            if cid not in self.in_flight and not f.done and f.due_ms <= now and self._wanted(f, now)
+            if cid not in self.in_flight and f.due_ms <= now and self._wanted(f, now)
         ]
 
     def _wanted(self, follow: _Follow, now: int) -> bool:
+        # A cancel the service says is owed is sent (and recorded) whatever ended the record,
+        # even one this follower stopped polling; a poll only before the deadline.
         if follow.task.cancel_requested:
-            return not follow.cancel_sent
-        return now < follow.task.deadline_ms
+            return not follow.cancel_recorded
+        return not follow.done and now < follow.task.deadline_ms
 
     def next_due_ms(self) -> int | None:
         now = self.clock_ms()
         due = [
             f.due_ms
             for cid, f in self.follows.items()
-            if not f.done and cid not in self.in_flight and self._wanted(f, now)
+            if cid not in self.in_flight and self._wanted(f, now)
         ]
         return min(due) if due else None
 
@@ -271,14 +274,18 @@ class TaskFollower:
             await self._cancel(follow)
 
     async def _cancel(self, follow: _Follow) -> None:
-        """Send ``tasks/cancel`` once and record how it went; a refusal is recorded, not retried."""
+        """Send ``tasks/cancel`` once and record how it went. A refusal is recorded, never
+        retried; only the recording is tried again if the service could not take it."""
         task = follow.task
-        follow.cancel_sent = True
-        async with self.limiter:
-            refused = await self.wire.cancel(
-                task.url, self._headers(task), task.task_id, self.request_timeout_s
-            )
+        if follow.cancel_refusal is None:
+            # From here on never sent again by this process, whatever happens to this attempt.
+            follow.cancel_refusal = ("the attempt to send tasks/cancel was interrupted",)
+            async with self.limiter:
+                refused = await self.wire.cancel(task.url, self._headers(task), task.task_id, self.request_timeout_s)
+            follow.cancel_refusal = (refused,)
+        (refused,) = follow.cancel_refusal
         await self.port.record_task_cancel_sent(task.continuation_id, refused is None, refused)
+        follow.cancel_recorded = True
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
