@@ -317,6 +317,31 @@ async def test_configured_headers_are_sent_and_never_logged(
     assert caplog.records and secret not in caplog.text and "s3cr3t" not in caplog.text
 
 
+@pytest.mark.parametrize("secret", ["Bearer s3cr3t-0123456789", "opaque-key-42"])
+async def test_a_server_echoing_its_credentials_gets_them_redacted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, secret: str
+) -> None:
+    book = TaskBook()
+    lost, refusing = book.new(), book.new()
+    book.hostile = "echo"
+    caplog.set_level(logging.DEBUG)
+    headers = {"Authorization": secret}
+    async with serving(book) as url, service_for(tmp_path, url, run_worker=False, headers=headers) as service:
+        lost_cid = await adopt(service, lost)
+        cancel_cid = await adopt(service, refusing)
+        await service.cancel_continuation(cancel_cid)  # before any poll: only the cancel goes
+        follower = stepped(service)
+        follower.refresh()
+        await follower.poll_due()
+        gone, cancelled = record(service, lost_cid), record(service, cancel_cid)
+    assert book.cancels == [refusing] and book.gets == [lost]
+    assert gone.state == "dead_lettered" and task_cause(gone) == "task_lost"
+    assert "[redacted]" in gone.last_error.message and "[redacted]" in cancelled.task.cancel_detail
+    token = secret.split()[-1]
+    assert token not in gone.last_error.message and token not in cancelled.task.cancel_detail
+    assert token not in caplog.text
+
+
 # -- wiring ---------------------------------------------------------------------------------------
 async def test_the_follower_starts_only_with_an_http_server_and_the_sdk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -36,7 +36,17 @@ from ..disk import DiskError
 from ..protocol.headers import strip_reserved_headers
 from ..protocol.tasks import TaskOutcome
 from ..store import VersionConflict
-from .taskanswers import Answer, Malformed, TooLarge, Unknown, Unreachable
+from .taskanswers import (
+    Answer,
+    Malformed,
+    TooLarge,
+    Unknown,
+    Unreachable,
+    clip,
+    scrub,
+    scrub_text,
+    secrets_of,
+)
 
 __all__ = ["MAX_ANSWER_BYTES", "REQUEST_TIMEOUT_S", "TaskFollower", "TaskWire", "follows_any", "load_wire"]
 
@@ -230,8 +240,10 @@ class TaskFollower:
 
     async def _poll(self, follow: _Follow) -> None:
         task = follow.task
+        headers = self._headers(task)
         async with self.limiter:
-            answer = await self.wire.get(task.url, self._headers(task), task.task_id, self._timeout_s(task))
+            answer = await self.wire.get(task.url, headers, task.task_id, self._timeout_s(task))
+        answer = scrub(answer, secrets_of(headers))  # before anything is logged or recorded
         if isinstance(answer, Unreachable):
             self._back_off(follow)
             log.info("task follow %s: no answer (%s); retrying", task.continuation_id, answer.detail)
@@ -280,8 +292,11 @@ class TaskFollower:
         if follow.cancel_refusal is None:
             # From here on never sent again by this process, whatever happens to this attempt.
             follow.cancel_refusal = ("the attempt to send tasks/cancel was interrupted",)
+            headers = self._headers(task)
             async with self.limiter:
-                refused = await self.wire.cancel(task.url, self._headers(task), task.task_id, self.request_timeout_s)
+                refused = await self.wire.cancel(task.url, headers, task.task_id, self.request_timeout_s)
+            if refused is not None:
+                refused = clip(scrub_text(refused, secrets_of(headers)))
             follow.cancel_refusal = (refused,)
         (refused,) = follow.cancel_refusal
         await self.port.record_task_cancel_sent(task.continuation_id, refused is None, refused)
