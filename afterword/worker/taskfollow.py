@@ -6,11 +6,12 @@ Nothing about the polling schedule is durable: after a restart every task the se
 follows is polled at once, and the schedule is rebuilt from the answers. What is durable is
 the service's (the outcome, the intent to cancel, whether ``tasks/cancel`` was sent).
 
-Timing (docs/task-following.md): after ``working``, the next poll comes after the server's
-``pollIntervalMs`` clamped to [250 ms, 60 s] (without a hint: 1 s, doubling to 60 s); after an
-error, a backoff from 1 s doubling to 60 s; never a poll at or after the deadline (the
-service's expiry applies then). Polls share the worker's concurrency limiter, each request is
-bounded in time, and the clock and the sleep are injected so tests step deterministically.
+Timing (docs/task-following.md; the delay rule is the core's ``poll_delay_ms``): after
+``working``, the server's ``pollIntervalMs`` clamped to [250 ms, 60 s] (1 s without a hint);
+after a failed poll, that delay doubled per consecutive failure up to 60 s, shortened at random
+by up to a fifth; never a poll at or after the deadline (the service's expiry applies then).
+Polls share the worker's concurrency limiter, each request is bounded in time, and the clock
+and the sleep are injected so tests step deterministically.
 """
 
 from __future__ import annotations
