@@ -10,6 +10,7 @@ service's clock (``refresh``/``poll_due``) for the timing rows, so no test waits
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -174,6 +175,20 @@ async def test_unreachable_until_the_deadline_expires_and_owes_a_cancel(tmp_path
         service.work_available.set()
         rec = await until(service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None)
     assert book.cancels == [task_id] and rec.task.cancel_ok is True
+
+
+async def test_a_server_that_never_listens_leaves_the_deadline_to_expire_it(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/mcp"
+        clock = Clock()
+        async with service_for(tmp_path, url, clock=clock) as service:
+            cid = await adopt(service, "task-1", ttl=60_000)
+            clock.offset_ms += 61_000
+            service.work_available.set()
+            rec = await until(service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None)
+    assert rec.last_error is not None and rec.last_error.code == "expired"
+    assert rec.task.cancel_ok is False and "ConnectError" in rec.task.cancel_detail
 
 
 # -- stepped on the service's clock -----------------------------------------------------------
