@@ -125,7 +125,11 @@ class McpTaskWire:
         transport = _CappedTransport(self.max_answer_bytes, self.tls)
         http = httpx2.AsyncClient(
             transport=transport,
-            headers={**headers, "accept-encoding": "identity"},
+            # identity: the read limit must bound the decoded size too (compressed answers are refused)
+            headers={
+                **{k: v for k, v in headers.items() if k.lower() != "accept-encoding"},
+                "accept-encoding": "identity",
+            },
             timeout=httpx2.Timeout(timeout_s),
             follow_redirects=False,
             trust_env=False,
