@@ -354,3 +354,32 @@ async def test_a_cancel_the_service_could_not_record_is_recorded_later_not_sent_
     clock.now = f.next_due_ms() or clock.now
     assert await f.poll_due() == ["c1"]
     assert wire.cancelled == ["t1"] and port.cancels == [("c1", True, None)]
+
+
+@pytest.mark.anyio
+async def test_a_failing_read_of_the_port_does_not_stop_the_loop() -> None:
+    clock = Clock()
+    port, wire = one_task(clock, working(60_000))
+    listeners = []
+    reads = 0
+    real = port.tasks_to_follow
+
+    def flaky() -> list[FollowedTask]:
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            raise KeyError("a bug")
+        return real()
+
+    port.tasks_to_follow = flaky  # type: ignore[method-assign]
+    f = TaskFollower(port, wire, limiter=anyio.CapacityLimiter(4), clock_ms=clock, subscribe=listeners.append)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(f.run)
+            await anyio.wait_all_tasks_blocked()
+            assert wire.gets == []
+            listeners[0](None, SimpleNamespace(task=SimpleNamespace(follow="service")))
+            while not wire.gets or f.in_flight:
+                await anyio.wait_all_tasks_blocked()
+            await f.stop()
+    assert wire.gets == ["t1"] and reads >= 2

@@ -313,8 +313,10 @@ class TaskFollower:
                     self._wake = anyio.Event()  # before the refresh: a change during it wakes us
                     try:
                         self.refresh()
-                    except ContinuationError as exc:
-                        log.error("task follow: cannot read the tasks to follow: %s", exc)
+                    except Exception as exc:
+                        # Never take the service down: the tasks already known keep their
+                        # schedule, and the next change signal tries again.
+                        log.error("task follow: cannot read the tasks to follow: %s", type(exc).__name__)
                     for follow in self._due(self.clock_ms()):
                         self._start(tg, follow)
                     await self._sleep_or_wake(self.next_due_ms())
