@@ -22,6 +22,7 @@ require_sdk2()
 
 import anyio  # noqa: E402
 import pytest  # noqa: E402
+from _cli import Server  # noqa: E402
 from _service import ENV, outbox_lines, write_config  # noqa: E402
 from tasks_servers.inproc_sdk_server import TaskBook, serving  # noqa: E402
 from test_host_binding import CONV, ORIGIN, REPLY  # noqa: E402
@@ -29,6 +30,8 @@ from test_http_protocol import Clock  # noqa: E402
 
 import afterword  # noqa: E402
 from afterword.app.service import ContinuationService, wall_clock_ms  # noqa: E402
+from afterword.clients.host import HostClient  # noqa: E402
+from afterword.clients.operator import read_host_token  # noqa: E402
 from afterword.protocol.tasks import TaskHandle  # noqa: E402
 from afterword.worker import compose  # noqa: E402
 from afterword.worker.taskfollow import TaskFollower, load_wire  # noqa: E402
@@ -355,6 +358,34 @@ async def test_a_server_echoing_its_credentials_gets_them_redacted(
     token = secret.split()[-1]
     assert token not in gone.last_error.message and token not in cancelled.task.cancel_detail
     assert token not in caplog.text
+
+
+async def test_afterword_serve_follows_a_task_a_remote_host_adopted(tmp_path: Path) -> None:
+    """The served process runs the follower too: a host adopts over the host API, and the
+    answer reaches the outbox with no host left polling."""
+    book = TaskBook()
+    task_id = book.new(poll_interval_ms=0)
+    async with serving(book) as url:
+        path = write_config(tmp_path, servers={WEB: {"url": url}}, selected=[WEB])
+        served = Server(path)
+        await anyio.to_thread.run_sync(served.start)
+        try:
+            config = afterword.load_config(path, environ=ENV)
+            async with HostClient(served.base, read_host_token(config)) as host:
+                run = await host.begin_run("run-served", CONV, REPLY)
+                adopted = await run.adopt_task(WEB, TaskHandle(task_id=task_id, status="working"))
+                await run.finalize(ORIGIN)
+                await run.activate()
+            assert adopted.follow == "service"
+            with anyio.fail_after(30):
+                await book.polls(1)
+                book.complete(task_id, "served answer 7", {"answer": 7})
+                while not [x for x in outbox_lines(config) if x["deliveryKey"].startswith(adopted.continuation_id)]:
+                    await anyio.sleep(0.05)  # another process: watched, not signalled
+        finally:
+            assert await anyio.to_thread.run_sync(served.stop) == 0
+    (line,) = [x for x in outbox_lines(config) if x["deliveryKey"].startswith(adopted.continuation_id)]
+    assert line["conversationId"] == REPLY and "7" in line["text"]
 
 
 # -- wiring ---------------------------------------------------------------------------------------
