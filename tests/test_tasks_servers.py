@@ -42,7 +42,7 @@ def _url(port: int) -> str:
 @pytest.fixture
 def sdk_http(gates: Path) -> Iterator[str]:
     port = free_port()
-    with http_server("sdk_server", gates, port):
+    with http_server("sdk_server", gates, port, "--record-polls"):
         yield _url(port)
 
 
@@ -145,6 +145,8 @@ async def test_sdk_server_records_tasks_cancel_and_a_cancelled_task_stays_cancel
         assert (await tasks.get(handle.task_id)).status == "cancelled"
     cancels = [e for e in events(gates) if e["event"] == "cancel"]
     assert [(e["key"], e["was"]) for e in cancels] == [("c", "working")]
+    polls = [e["status"] for e in events(gates) if e["event"] == "get"]  # --record-polls
+    assert polls == ["cancelled", "cancelled"]
 
 
 async def _events_until(gates: Path, event: str) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ Builds on examples/tasks_server.py (``TaskBoard``, ``TasksExtension``). Its ``sd
 makes a task that waits for the test's gate ``key``; the gate's JSON picks the ending:
 ``completed`` (``text``, ``structured``, ``isError``), ``failed`` (``message``), ``cancelled``,
 ``input_required`` (the task asks for a confirmation) or ``forget`` (the server drops the task,
-so ``tasks/get`` answers "not found"). ``--poll-ms`` sets the advertised ``pollIntervalMs``.
+so ``tasks/get`` answers "not found"). ``--poll-ms`` sets the advertised ``pollIntervalMs``;
+``--record-polls`` writes an events line per ``tasks/get``.
 
     python tests/tasks_servers/sdk_server.py --gates DIR [--http --port N]
 """
@@ -60,16 +61,22 @@ async def end(task: Task, board: TaskBoard, gates: Path, outcome: dict[str, Any]
 class RecordingBoard(TaskBoard):
     """Records each tasks/cancel it receives (a test checks it was sent, and once)."""
 
-    def __init__(self, gates: Path, poll_interval_ms: int | None) -> None:
+    def __init__(self, gates: Path, poll_interval_ms: int | None, record_polls: bool = False) -> None:
         super().__init__(poll_interval_ms=poll_interval_ms)
         self.gates = gates
+        self.record_polls = record_polls
+
+    def detail(self, task: Task) -> dict[str, Any]:
+        if self.record_polls:  # off by default: a long run would write a line per poll
+            record(self.gates, "get", key=task.arguments.get("key"), taskId=task.task_id, status=task.status)
+        return super().detail(task)
 
     def cancel_requested(self, task: Task) -> None:
         record(self.gates, "cancel", key=task.arguments.get("key"), taskId=task.task_id, was=task.status)
 
 
-def build(gates: Path, poll_ms: int | None) -> tuple[MCPServer, TasksExtension]:
-    board = RecordingBoard(gates, poll_ms)
+def build(gates: Path, poll_ms: int | None, record_polls: bool = False) -> tuple[MCPServer, TasksExtension]:
+    board = RecordingBoard(gates, poll_ms, record_polls)
 
     async def work(task: Task, board: TaskBoard) -> None:
         record(gates, "created", key=task.arguments.get("key"), taskId=task.task_id)
@@ -91,8 +98,9 @@ def main() -> None:
     parser = arguments("sdk-tasks: a Tasks server on the SDK 2.x extension API")
     parser.add_argument("--gates", type=Path, required=True)
     parser.add_argument("--poll-ms", type=int, default=50)
+    parser.add_argument("--record-polls", action="store_true", help="an events line per tasks/get")
     args = parser.parse_args()
-    server, extension = build(args.gates, args.poll_ms)
+    server, extension = build(args.gates, args.poll_ms, args.record_polls)
     anyio.run(serve, server, extension, "http" if args.http else "stdio", args.host, args.port)
 
 
