@@ -123,6 +123,8 @@ async def open_service(
                 if serve_http:
                     await http.start(tg)
                     tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
+                # Hosts following MCP tasks, embedded or over HTTP, must keep reporting.
+                tg.start_soon(service.tasks.run_host_leases)
                 if run_worker:
                     await tg.start(worker.run)
                 tg.start_soon(watch_ownership, store)

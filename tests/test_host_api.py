@@ -332,7 +332,11 @@ async def test_host_token_is_written_owner_only_and_never_printed(
 
 # -- the document ----------------------------------------------------------------------------
 async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None:
-    async with serving(tmp_path, limits={"bodyTimeoutMs": 300, "maxOpenRuns": 1}) as h:
+    # A loopback HTTP server besides the stdio one, after it in name order (claims use the first).
+    servers = {SERVER: {"command": "python3", "args": ["-c", "pass"]}, "zz-tasks": {"url": "http://127.0.0.1:9/mcp"}}
+    limits = {"bodyTimeoutMs": 300, "maxOpenRuns": 1}
+    path = write_config(tmp_path, continuations={"limits": limits}, servers=servers, selected=[SERVER, "zz-tasks"])
+    async with serving(tmp_path, config=afterword.load_config(path, environ=ENV)) as h:
         s = Seen(h)
         api = Api(h)
         host, js = api.auth, {"Content-Type": "application/json"}
@@ -373,6 +377,29 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         await s.send("get", hc + "?limit=x", 400, headers=host)
         await s.send("get", f"{hc}/{cid}/captured-text", 200, headers=host)
         await s.send("get", f"{hc}/c_none/captured-text", 404, headers=host)
+        # -- MCP task adoption and outcomes (docs/tasks-bridge.md) --
+        tp, handle = f"{rp}/run-3/tasks", {"server": SERVER, "taskId": "t-1", "status": "working"}
+        await s.send("post", rp, 200, json={**begin, "runId": "run-3"}, headers=host)
+        task = (await s.send("post", tp, 200, json=handle, headers=host)).json()
+        await s.send("post", tp, 400, json={**handle, "taskId": "a\nb"}, headers=host)
+        await s.send("post", f"{rp}/none/tasks", 404, json=handle, headers=host)
+        await s.send("post", tp, 413, content=big, headers={**host, **js})
+        await s.trickle("POST", tp, {**host, **js})
+        h.service.tasks.sdk_available = lambda: False
+        await s.send("post", tp, 503, json={**handle, "server": "zz-tasks"}, headers=host)
+        h.service.claims.admitting_total += 10**6  # as if that many claims were being admitted
+        await s.send("post", tp, 429, json={**handle, "taskId": "t-2"}, headers=host)
+        h.service.claims.admitting_total -= 10**6
+        await s.send("post", f"{rp}/run-3/close", 200, headers=host)
+        await s.send("post", tp, 409, json={**handle, "taskId": "t-3"}, headers=host)
+        await s.send("post", f"{rp}/run-2/tasks", 410, json=handle, headers=host)
+        top = f"{hc}/{task['continuationId']}/task-outcome"
+        await s.send("post", top, 200, json={"status": "working"}, headers=host)
+        await s.send("post", top, 400, json={"status": "exploded"}, headers=host)
+        await s.send("post", f"{hc}/c_none/task-outcome", 404, json={"status": "working"}, headers=host)
+        await s.send("post", top, 413, content=b"x" * 1_100_000, headers={**host, **js})
+        await s.trickle("POST", top, {**host, **js})
+        await s.send("post", f"{hc}/{cid}/task-outcome", 409, json={"status": "working"}, headers=host)
         for verb in ("retry", "cancel", "resolve"):
             body = {"kind": "not_delivered"} if verb == "resolve" else {}
             await s.send("post", f"{hc}/c_none/{verb}", 404, json=body, headers=host)

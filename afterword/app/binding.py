@@ -14,10 +14,12 @@ from typing import Any, Protocol
 
 import anyio
 
+from ..continuations.errors import InvalidRequest
 from ..continuations.model import Mode
 from ..protocol.headers import RESERVED_ENV as RESERVED_ENV
 from ..protocol.headers import RESERVED_HEADERS as RESERVED_HEADERS
 from ..protocol.headers import strip_reserved_env, strip_reserved_headers
+from ..protocol.tasks import AdoptedTask, TaskHandle
 
 __all__ = [
     "RESERVED_ENV",
@@ -28,6 +30,7 @@ __all__ = [
     "RunBinding",
     "RunClaims",
     "RunSettler",
+    "TaskAdopter",
 ]
 
 
@@ -123,6 +126,12 @@ class RunSettler(Protocol):
     async def abandon_run(self, run: RunClaims) -> None: ...
 
 
+class TaskAdopter(Protocol):
+    """Adopts an MCP task handle under one server's capability (``afterword.app.tasks.Tasks``)."""
+
+    async def adopt(self, cap: IssuedCapability, handle: TaskHandle) -> AdoptedTask: ...
+
+
 class RunBinding:
     """The host's handle on one agent run's continuation authority (docs/design.md, Contracts: app handle)."""
 
@@ -134,8 +143,10 @@ class RunBinding:
         reply_to: str | None,
         mode: str,
         capabilities: dict[str, IssuedCapability],
+        tasks: TaskAdopter | None = None,
     ) -> None:
         self._settler = settler
+        self._tasks = tasks
         self.run_id = run_id
         self.conversation_id = conversation_id
         self.reply_to = reply_to
@@ -176,6 +187,17 @@ class RunBinding:
     def http_headers(self, server: str, base_headers: Mapping[str, str] | None = None) -> dict[str, str]:
         """Headers for a loopback HTTP server, built the same way as :meth:`stdio_env`."""
         return {**strip_reserved_headers(base_headers), **self._reserved(server, RESERVED_HEADERS)}
+
+    async def adopt_task(self, server: str, handle: TaskHandle) -> AdoptedTask:
+        """Adopt an MCP task handle that ``server`` answered a tool call of this run with, as a
+        task-backed continuation bound exactly like a claim of that server (docs/tasks-bridge.md).
+        Idempotent per (run, server, task id); refused once the run is closed."""
+        cap = self._caps.get(server)
+        if cap is None:
+            raise InvalidRequest(f"server {server!r} is not selected for continuations in this run")
+        if self._tasks is None:
+            raise InvalidRequest("this binding cannot adopt MCP tasks")
+        return await self._tasks.adopt(cap, handle)
 
     async def close(self) -> list[str]:
         """Close every capability to new claims, wait for admitted claims to finish committing,

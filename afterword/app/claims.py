@@ -12,7 +12,7 @@ from ..config import Config, ConfigError
 from ..config import detached_token as read_detached_token
 from ..continuations.capabilities import continuation_id, fingerprint, verify_bearer
 from ..continuations.errors import AdmissionLimit, Closed, Conflict, Forbidden, ServiceDisabled, Unauthorized
-from ..continuations.model import Claim, Continuation, Mode, OriginContext, Tombstone
+from ..continuations.model import Claim, Continuation, Mode, OriginContext, TaskBacking, Tombstone
 from ..continuations.rules import (
     check_deadline_window,
     check_task_hash,
@@ -88,11 +88,19 @@ class Claims:
             fingerprint=rec.claim.fingerprint,
         )
 
-    async def admit(self, claim: Claim, origin_context: OriginContext) -> ClaimResponse:
+    async def admit(
+        self, claim: Claim, origin_context: OriginContext, task: TaskBacking | None = None
+    ) -> ClaimResponse:
+        """Admit ``claim`` (with its task backing, for an adopted MCP task)."""
         async with self.ledger.locked([claim.id]):
             existing: Continuation | Tombstone | None = self.repo.get(claim.id) or self.repo.tombstone(
                 claim.id
             )
+            if existing is not None and task is not None:
+                # An adoption repeated concurrently: its deadline was computed at its own time.
+                if existing.task is None or existing.task.task_id != task.task_id:
+                    raise Conflict("this task was already adopted as a different continuation")
+                return self.response(existing)
             if existing is not None:
                 diff = claim_difference(existing.claim, claim)
                 if diff is not None:
@@ -104,6 +112,7 @@ class Claims:
                 claim_mac=self.keys.mac(claim),
                 origin_context=origin_context,
                 updated_at_ms=claim.created_at_ms,
+                task=task,
             )
             origin = origin_key(rec)
             limits = self.config.limits

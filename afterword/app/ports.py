@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+import msgspec
+
 from ..blobs import BlobStore
 from ..config import Config
 from ..continuations.model import Continuation
+from ..protocol.tasks import TaskOutcome, TaskReport
 
 ChangeListener = Callable[[Continuation | None, Continuation], None]
 Transition = Callable[[Continuation], Continuation | None]
@@ -98,3 +101,32 @@ class ServerHandle(Protocol):
 
     @property
     def acceptor(self) -> AcceptStats | None: ...
+
+
+class FollowedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """One task the service itself follows (``follow == "service"``): its continuation, the
+    server's name and its loopback URL (read from the MCP config, never from a request), the
+    task id, the continuation's deadline, the server's latest poll hint, and whether
+    ``tasks/cancel`` is owed (then the record has ended: send it and record it, no polling)."""
+
+    continuation_id: str
+    server: str
+    url: str
+    task_id: str
+    deadline_ms: int
+    cancel_requested: bool
+    poll_interval_ms: int | None = None
+
+
+class TaskFollowing(Protocol):
+    """What the worker's task follower may ask of the app (the service implements it)."""
+
+    def tasks_to_follow(self) -> list[FollowedTask]:
+        """Every service-followed task still waited on, and every one owed a tasks/cancel."""
+
+    async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
+        """Apply one answer of tasks/get (the outcome table); the report says whether to
+        send tasks/cancel."""
+
+    async def record_task_cancel_sent(self, cid: str, ok: bool, detail: str | None) -> None:
+        """Record the attempt to send an owed tasks/cancel (``detail``: why it failed)."""

@@ -25,7 +25,7 @@ from ..continuations.errors import Conflict, InvalidRequest
 from ..continuations.model import MODES, Activation, Continuation, Mode, canonical_claim
 from ..continuations.snapshot import build_snapshot, encode_snapshot
 from ..store import VersionConflict
-from .binding import CapabilityRegistry, Finalized, IssuedCapability, RunBinding, RunClaims
+from .binding import CapabilityRegistry, Finalized, IssuedCapability, RunBinding, RunClaims, TaskAdopter
 from .keys import ServiceKeys, ServiceUrls
 from .ledger import SETTLE_BATCH, Ledger
 from .repository import bounded_batches
@@ -47,6 +47,7 @@ class Runs:
         blobs: BlobStore,
         capabilities: CapabilityRegistry,
         token_bytes: Callable[[int], bytes],
+        tasks: TaskAdopter | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -56,6 +57,7 @@ class Runs:
         self.blobs = blobs
         self.capabilities = capabilities
         self.token_bytes = token_bytes
+        self.tasks = tasks
 
     @property
     def claim_url(self) -> str:
@@ -92,7 +94,7 @@ class Runs:
             )
             caps[server] = cap
             self.capabilities.add(cap)
-        return RunBinding(self, run_id, conversation_id, reply_to, checked, caps)
+        return RunBinding(self, run_id, conversation_id, reply_to, checked, caps, self.tasks)
 
     # -- what a binding asks -----------------------------------------------------------------
     def forget_expired(self) -> None:

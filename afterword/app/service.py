@@ -26,6 +26,7 @@ from ..config import Config
 from ..continuations.errors import ServiceDisabled
 from ..continuations.model import Continuation
 from ..legacy.migrate import Fence
+from ..protocol.tasks import TaskOutcome, TaskReport
 from ..protocol.wire import (
     ClaimRequest,
     ClaimResponse,
@@ -45,10 +46,11 @@ from .keys import ServiceKeys, ServiceUrls
 from .ledger import Ledger, WorkSignal
 from .maintenance import Maintenance
 from .operator import Operator, Resolution, ResolutionKind
-from .ports import ChangeListener, ServerHandle, Transition, WorkerHandle
+from .ports import ChangeListener, FollowedTask, ServerHandle, Transition, WorkerHandle
 from .repository import Repository
 from .results import Results, open_payload_store
 from .runs import CLAIM_CAPABILITY_TTL_MS, Runs
+from .tasks import Tasks
 
 __all__ = [
     "CLAIM_CAPABILITY_TTL_MS",
@@ -96,7 +98,8 @@ class ContinuationService:
         capabilities = CapabilityRegistry()
         self.claims = Claims(config, self.ledger, self.keys, self.urls, capabilities, self.environ)
         self.results = Results(self.ledger, self.keys, self.payloads)
-        self.runs = Runs(config, self.ledger, self.keys, self.urls, blobs, capabilities, token_bytes)
+        self.tasks = Tasks(config, self.ledger, self.claims, self.results)
+        self.runs = Runs(config, self.ledger, self.keys, self.urls, blobs, capabilities, token_bytes, self.tasks)
         self.operator = Operator(config, self.ledger, self.keys.cursor)
         self.maintenance = Maintenance(config, self.ledger, blobs, self.payloads)
         self.health = Health(config, store, self.repo)
@@ -212,6 +215,22 @@ class ContinuationService:
         if not self.config.enabled:
             raise ServiceDisabled()
         return self.runs.begin_run(run_id, conversation_id, reply_to, mode)
+
+    # -- MCP Tasks bridge (the worker's follower sees these as ports.TaskFollowing) ---------
+    async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
+        """Apply one answer of ``tasks/get`` to the task-backed continuation ``cid`` (the
+        outcome table of docs/tasks-bridge.md); ``cancel`` asks the caller to send tasks/cancel."""
+        return await self.tasks.report(cid, outcome)
+
+    def tasks_to_follow(self) -> list[FollowedTask]:
+        return self.tasks.tasks_to_follow()
+
+    async def record_task_cancel_sent(self, cid: str, ok: bool, detail: str | None) -> None:
+        await self.tasks.record_cancel_sent(cid, ok, detail)
+
+    async def expire_task_host_leases(self) -> list[str]:
+        """Dead-letter host-followed tasks whose host stopped reporting (``task_host_gone``)."""
+        return await self.tasks.expire_host_leases()
 
     # -- maintenance and health ----------------------------------------------------------------
     async def recover(self) -> int:

@@ -26,9 +26,12 @@ from ..continuations import errors as E
 from ..protocol import paths
 from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS, strip_reserved_env, strip_reserved_headers
 from ..protocol.host import CapturedTextBody, RunBody
+from ..protocol.tasks import AdoptedTask, AdoptTaskRequest, TaskHandle, TaskOutcome, TaskReport
 from ..protocol.wire import HealthBody, ListResponse, StatusBody
 
 T = TypeVar("T")
+_enc = msgspec.json.Encoder()
+_JSON = {"Content-Type": "application/json"}
 _ERRORS: dict[str, type[E.ContinuationError]] = {
     "invalid_request": E.InvalidRequest,
     "unauthorized": E.Unauthorized,
@@ -38,6 +41,7 @@ _ERRORS: dict[str, type[E.ContinuationError]] = {
     "closed": E.Closed,
     "too_large": E.RequestTooLarge,
     "admission_limit": E.AdmissionLimit,
+    "unavailable": E.Unavailable,
 }
 
 
@@ -85,6 +89,8 @@ class HostClient:
             except (ValueError, KeyError, TypeError):
                 code, message = "internal", f"HTTP {resp.status_code}"
             error = _ERRORS.get(code)
+            if code == "closed" and resp.status_code == 409:
+                error = E.RunClosed  # closed but not settled (a settled run answers 410)
             raise error(message) if error is not None else HostApiError(resp.status_code, code, message)
         return msgspec.json.decode(resp.content, type=kind)
 
@@ -115,6 +121,12 @@ class HostClient:
 
     async def cancel_continuation(self, cid: str) -> StatusBody:
         return await self.call("POST", paths.url(paths.HOST_CANCEL, cid=cid), StatusBody)
+
+    async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
+        """Hand one answer of ``tasks/get`` for a host-followed task to the service; the
+        report says whether to send ``tasks/cancel``."""
+        path = paths.url(paths.HOST_TASK_OUTCOME, cid=cid)
+        return await self.call("POST", path, TaskReport, content=_enc.encode(outcome), headers=_JSON)
 
     async def resolve_continuation_delivery(self, cid: str, resolution: Mapping[str, Any]) -> StatusBody:
         body = {"kind": resolution["kind"]}
@@ -193,6 +205,18 @@ class RemoteRun:
 
     async def abandon(self) -> None:
         await self._post(paths.HOST_ABANDON)
+
+    async def adopt_task(self, server: str, handle: TaskHandle) -> AdoptedTask:
+        """Adopt an MCP task handle ``server`` answered with, as the in-process binding does."""
+        body = AdoptTaskRequest(
+            server=server,
+            task_id=handle.task_id,
+            status=handle.status,
+            poll_interval_ms=handle.poll_interval_ms,
+            ttl_ms=handle.ttl_ms,
+        )
+        path = paths.url(paths.HOST_TASKS, run_id=self.run_id)
+        return await self._client.call("POST", path, AdoptedTask, content=_enc.encode(body), headers=_JSON)
 
 
 _TERMINAL = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})

@@ -43,6 +43,7 @@ from .secrets import (
 from .sections import build_detached_services, build_mcp, build_named_routes, build_synthesis
 
 MAX_RUN_LEASE_MS = 60 * 60 * 1000
+MAX_TASK_DEADLINE_MS = 30 * 24 * 3600 * 1000  # the longest deadline any continuation may have
 
 # The names below were all defined here before the loader was split; they stay importable.
 __all__ = [
@@ -60,6 +61,19 @@ __all__ = [
     "synthesis_api_key",
     "unique_object_pairs",
 ]
+
+
+def check_task_limits(limits: Limits, file: str | None) -> None:
+    """The Tasks bridge's bounds: a task outlives no claim (30 days), and a host lease is
+    at most an hour, like a run's."""
+    if limits.task_deadline_ms > MAX_TASK_DEADLINE_MS:
+        raise ConfigError(
+            "continuations.limits.taskDeadlineMs", f"must be at most {MAX_TASK_DEADLINE_MS} (30 days)", file=file
+        )
+    if limits.task_host_lease_ms > MAX_RUN_LEASE_MS:
+        raise ConfigError(
+            "continuations.limits.taskHostLeaseMs", f"must be at most {MAX_RUN_LEASE_MS} (one hour)", file=file
+        )
 
 
 def config_from_mapping(
@@ -98,6 +112,7 @@ def config_from_mapping(
         raise ConfigError(
             "continuations.limits.runLeaseMs", f"must be at most {MAX_RUN_LEASE_MS} (one hour)", file=file
         )
+    check_task_limits(limits, file)
     retention = Retention(**positive_ints(block.retention, "continuations.retention", file))
     named_routes = build_named_routes(block.named_routes, file)
     # A disabled service never authenticates detached callers, so their tokens need not be set.

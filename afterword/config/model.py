@@ -163,6 +163,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     run_lease_ms: int = 60_000
     # Runs begun over the host API and not yet settled (activated or abandoned), at once.
     max_open_runs: int = 1_000
+    # MCP Tasks bridge: a task-backed continuation expires this long after adoption (or at
+    # the task's ttlMs, if sooner); a host-followed one is dead-lettered when its host makes
+    # no report for taskHostLeaseMs.
+    task_deadline_ms: int = 24 * 3600 * 1000
+    task_host_lease_ms: int = 60_000
 
 
 class Retention(msgspec.Struct, frozen=True, kw_only=True):

@@ -38,6 +38,8 @@ class RawLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename=
     body_timeout_ms: int = _LIMIT_DEFAULTS.body_timeout_ms
     run_lease_ms: int = _LIMIT_DEFAULTS.run_lease_ms
     max_open_runs: int = _LIMIT_DEFAULTS.max_open_runs
+    task_deadline_ms: int = _LIMIT_DEFAULTS.task_deadline_ms
+    task_host_lease_ms: int = _LIMIT_DEFAULTS.task_host_lease_ms
 
 
 class RawRetention(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):

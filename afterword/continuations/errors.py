@@ -116,3 +116,18 @@ class SnapshotError(ContinuationError, CallerError):
 
     status = 400
     code = "invalid_request"
+
+
+class RunClosed(Closed):
+    """The run is closed (its turn ended) but not settled yet: nothing new may join it, as a
+    claim after ``close`` is refused (HTTP 409 ``closed``; a settled run answers 410)."""
+
+    status = 409
+
+
+class Unavailable(ContinuationError):
+    """This service lacks what the request needs, through no fault of the caller's: e.g.
+    following an MCP task without the MCP SDK installed (HTTP 503 ``unavailable``)."""
+
+    status = 503
+    code = "unavailable"

@@ -7,6 +7,8 @@ operator can change with one command:
 cause                  health      cleared by
 =====================  ==========  ==========================================================
 ``delivery_unknown``   unhealthy   ``resolve ID delivered DELIVERY_ID|not-delivered|dead-lettered``
+``task_lost``          unhealthy   ``acknowledge ID`` (an MCP server lost the task: a dead letter
+                                   nothing can retry)
 ``dead_lettered``      unhealthy   ``retry ID`` where a retry is accepted, else ``acknowledge ID``
 ``expired``            degraded    ``acknowledge ID``
 ``history_unrecorded`` degraded    ``acknowledge ID`` (a delivered answer missing from history)
@@ -42,7 +44,9 @@ Health = Literal["healthy", "degraded", "unhealthy"]
 # the afterword_health gauge reports it (docs/design.md, Contracts: command line).
 SEVERITY: dict[str, int] = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 ACTIVE = frozenset({"claimed", "result_received", "synthesizing", "ready_to_deliver", "delivery_retry"})
-CauseCode = Literal["delivery_unknown", "dead_lettered", "expired", "history_unrecorded", "held", "pending"]
+CauseCode = Literal[
+    "delivery_unknown", "task_lost", "dead_lettered", "expired", "history_unrecorded", "held", "pending"
+]
 
 # cause -> (health, operator verb, what follows the id, explanation)
 CAUSES: dict[str, tuple[Health, str, str, str]] = {
@@ -51,6 +55,13 @@ CAUSES: dict[str, tuple[Health, str, str, str]] = {
         "resolve",
         " <delivered DELIVERY_ID|not-delivered|dead-lettered>",
         "delivery outcome unknown: verify externally, then resolve with the verdict",
+    ),
+    "task_lost": (
+        "unhealthy",
+        "acknowledge",
+        "",
+        "the MCP server no longer knows this task (it lost its state): its result can never be "
+        "fetched; tell the user if needed, then acknowledge it",
     ),
     "dead_lettered": (
         "unhealthy",
@@ -70,9 +81,9 @@ CAUSES: dict[str, tuple[Health, str, str, str]] = {
 }
 ORDER: tuple[str, ...] = tuple(CAUSES)
 # Causes an acknowledgement clears; the others need a different verb.
-ACKNOWLEDGEABLE = frozenset({"dead_lettered", "expired", "history_unrecorded"})
+ACKNOWLEDGEABLE = frozenset({"task_lost", "dead_lettered", "expired", "history_unrecorded"})
 # Causes whose clearing command is a choice made after looking: ``show ID`` comes first.
-INSPECT_FIRST = frozenset({"delivery_unknown", "dead_lettered"})
+INSPECT_FIRST = frozenset({"delivery_unknown", "task_lost", "dead_lettered"})
 ACKNOWLEDGE_GIVES_UP = (
     "acknowledging gives the record up: it stops counting against health and retention compacts "
     "it at its next pass, dropping its payload and answer, after which it can no longer be "
@@ -108,7 +119,9 @@ def attention(rec: Continuation | Tombstone) -> str | None:
     if rec.acknowledged_at_ms is not None:
         return None
     if rec.state == "dead_lettered":
-        return "dead_lettered"
+        # A task its server lost is named apart: nothing can retry it, only the user be told.
+        lost = rec.last_error is not None and rec.last_error.code == "task_lost"
+        return "task_lost" if lost else "dead_lettered"
     if rec.state == "expired":
         return "expired"
     if rec.state == "delivered" and rec.receipt is not None and not rec.receipt.history_recorded:

@@ -45,6 +45,7 @@ from .delivery import (
 from .errors import Closed, Conflict, InvalidTransition
 from .guards import ALLOWED, UNPROVEN_REFUSAL, may_post, move, require, terminate, unproven
 from .model import FALLBACK_TEXT, Attempts, CompletionKind, Continuation, ErrorInfo, Receipt, ResultRecord
+from .taskcancel import request_cancel
 from .transitions import TRANSITIONS
 from .verdicts import acknowledge, acknowledge_tombstone, cancel, resolve, retry
 
@@ -108,9 +109,10 @@ def submit_result(rec: Continuation, result: ResultRecord, now_ms: int) -> Conti
 
 
 def expire(rec: Continuation, now_ms: int) -> Continuation:
+    """The deadline passed with no result; a task still running is owed ``tasks/cancel``."""
     require(rec, "expire")
-    return terminate(
-        rec, move(rec, "expire"), now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed")
+    return request_cancel(
+        terminate(rec, move(rec, "expire"), now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed"))
     )
 
 

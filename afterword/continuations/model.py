@@ -108,6 +108,29 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     created_at_ms: int
 
 
+class TaskBacking(msgspec.Struct, frozen=True, kw_only=True):
+    """The MCP task a task-backed continuation waits on (docs/tasks-bridge.md): its result is
+    fetched from the server (``tasks/get``) instead of PUT by a producer. The server is the
+    claim's ``server_name``; a loopback HTTP server's URL is read from the MCP config by that
+    name whenever it is needed, never stored or taken from a request."""
+
+    task_id: str
+    follow: Literal["service", "host"]
+    status: str  # the last status the server reported (or the handle's)
+    poll_interval_ms: int | None = None  # the server's latest hint, as given
+    ttl_ms: int | None = None
+    reported_at_ms: int | None = None  # the last outcome applied (None: only the handle)
+    # follow "host": the continuation is dead-lettered ``task_host_gone`` when no report
+    # arrives before this (renewed by every report while the task runs).
+    host_lease_until_ms: int | None = None
+    # tasks/cancel is owed to the server (the continuation was cancelled, or the task asked
+    # for input nobody can give). Durable before it is sent; never undone by its failure.
+    cancel_requested: bool = False
+    cancel_sent_at_ms: int | None = None  # when the sender recorded its attempt
+    cancel_ok: bool | None = None
+    cancel_detail: str | None = None  # bounded; why a tasks/cancel failed
+
+
 class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     claim: Claim
     claim_mac: str
@@ -143,6 +166,9 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     delivery_attempts_before: int = 0
     # The states this record went through, oldest first, bounded (see continuations.trail).
     history: tuple[StateChange, ...] = ()
+    # Set for a task-backed continuation (MCP Tasks bridge); None for every claim a producer
+    # answers, and in every record written before the bridge existed.
+    task: TaskBacking | None = None
 
     @property
     def id(self) -> str:
@@ -181,6 +207,7 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     # Receipts of chunks posted before the record ended without a full receipt (a partial
     # answer resolved as dead-lettered): proof of a delivery is never compacted away.
     chunk_receipts: tuple[str, ...] = ()
+    task: TaskBacking | None = None  # kept so ``show`` still names the task after compaction
 
 
 class TombstoneSummary(msgspec.Struct, frozen=True, array_like=True, gc=False, forbid_unknown_fields=True):

@@ -98,6 +98,7 @@ def tombstone_of(rec: Continuation) -> Tombstone:
         acknowledged_at_ms=rec.acknowledged_at_ms,
         origin_context=rec.origin_context,
         chunk_receipts=rec.chunk_receipts,
+        task=rec.task,
     )
 
 

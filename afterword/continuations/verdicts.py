@@ -16,6 +16,7 @@ from .errors import Conflict, InvalidTransition
 from .guards import move, require_verb, retry_refusal, terminate, unproven
 from .health import ACKNOWLEDGEABLE, attention
 from .model import Attempts, Continuation, ErrorInfo, Receipt, Tombstone
+from .taskcancel import request_cancel
 from .transitions import TRANSITIONS, Event, Verb
 
 
@@ -26,8 +27,11 @@ def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
     require_verb(rec, "cancel")
     if rec.terminal:
         raise InvalidTransition(rec.state, "cancel")
-    return terminate(
-        rec, move(rec, "cancel"), now_ms, last_error=ErrorInfo.bounded("cancelled", "cancelled by operator")
+    # A task-backed record's task may still run: tasks/cancel is owed, durable with the cancel.
+    return request_cancel(
+        terminate(
+            rec, move(rec, "cancel"), now_ms, last_error=ErrorInfo.bounded("cancelled", "cancelled by operator")
+        )
     )
 
 

@@ -19,6 +19,7 @@ from ..continuations.errors import RequestTooLarge
 from ..continuations.rules import MAX_CLAIM_BODY
 from ..protocol import paths
 from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
+from ..protocol.tasks import AdoptTaskRequest, TaskOutcome
 from . import verb_routes as verbs
 from .messages import bearer as _bearer
 from .messages import decode_request as _decode
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
 # content) with its JSON framing and some older turns for size pressure to drop. It is the one
 # route whose body may exceed the result limit (see FinalizeSizedRequest).
 MAX_FINALIZE_BODY = 1024 * 1024
+# A task's outcome carries the tool's whole CallToolResult, which may be larger than the
+# payload it yields: room for it, so a result over the payload limit is decided by the outcome
+# table (task_result_too_large) instead of being refused at the door.
+MAX_TASK_OUTCOME_BODY = 1024 * 1024
+HOST_CONTINUATIONS = paths.HOST_LIST + "/"
 
 
 class FinalizeSizedRequest(Request):
@@ -43,6 +49,8 @@ class FinalizeSizedRequest(Request):
     def __init__(self, method: str, scheme: str, path: str, *args: Any, **kwargs: Any) -> None:
         if method == "POST" and path.startswith(paths.HOST_RUNS + "/") and path.endswith("/finalize"):
             kwargs["max_content_length"] = MAX_FINALIZE_BODY + 4096
+        elif method == "POST" and path.startswith(HOST_CONTINUATIONS) and path.endswith("/task-outcome"):
+            kwargs["max_content_length"] = MAX_TASK_OUTCOME_BODY + 4096
         elif method == "POST" and path.startswith("/ui/"):
             # A status page form: its cap must hold for a chunked body too, which announces
             # no length for the route to check first.
@@ -86,6 +94,12 @@ def add_host_routes(app: Quart, service: ContinuationService) -> None:
         _host()
         run, _active = await runs.close(runId)
         return json_response(runs.body(run))
+
+    @app.post(paths.route(paths.HOST_TASKS))
+    async def host_adopt_task(runId: str) -> Response:
+        _host()
+        req = _decode(AdoptTaskRequest, await _body(MAX_CLAIM_BODY))
+        return json_response(await runs.adopt_task(runId, req.server, req.handle()))
 
     @app.post(paths.route(paths.HOST_FINALIZE))
     async def host_finalize(runId: str) -> Response:
@@ -140,3 +154,9 @@ def add_host_routes(app: Quart, service: ContinuationService) -> None:
     async def host_resolve(cid: str) -> Response:
         _host()
         return await verbs.resolve(service, cid)
+
+    @app.post(paths.route(paths.HOST_TASK_OUTCOME))
+    async def host_task_outcome(cid: str) -> Response:
+        _host()
+        outcome = _decode(TaskOutcome, await _body(MAX_TASK_OUTCOME_BODY))
+        return json_response(await service.tasks.report(cid, outcome, host_only=True))

@@ -15,6 +15,7 @@ from ..continuations.model import STATES
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
 from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest, RunBody
+from ..protocol.tasks import AdoptedTask, AdoptTaskRequest, TaskOutcome, TaskReport
 from ..protocol.wire import (
     ClaimRequest,
     ClaimResponse,
@@ -39,13 +40,16 @@ ERRORS = {
     408: "timeout: the request body did not arrive within the body deadline",
     409: "conflict: contradicts what was already accepted, or the state does not allow it (an "
     "operator verb while a delivery attempt is in flight, or one that would drop or repeat "
-    "posted chunks, is refused with the reason)",
+    "posted chunks, is refused with the reason); closed: a task handle for a run that is closed "
+    "but not settled",
     410: "closed: the capability, continuation or run no longer accepts this; or, from an "
     "operator verb (retry, cancel, resolve), compacted: retention compacted the record, its "
     "payload and answer are gone and only its outcome remains (show and list still report it)",
     413: "too_large: the body exceeds this route's limit, or the origin snapshot its quota",
     429: "admission_limit: too many active continuations (claims), or too many open runs "
     "(beginRun, with Retry-After)",
+    503: "unavailable: this service lacks what the request needs (following an MCP task without "
+    "the MCP SDK: install afterword[mcp])",
 }
 
 
@@ -311,6 +315,10 @@ HOST_OPERATIONS: tuple[Operation, ...] = (
         RunBody,
         (400, 401, 404),
     ),
+    Operation(
+        "post", paths.HOST_TASKS, "adoptTask", "Adopt an MCP task handle as a continuation of the run",
+        _HOST, AdoptTaskRequest, AdoptedTask, (400, 401, 404, 408, 409, 410, 413, 429, 503),
+    ),
     Operation("get", paths.HOST_HEALTH, "hostHealth", "Service health", _HOST, None, HealthBody, (400, 401)),
     Operation(
         "get",
@@ -366,6 +374,10 @@ HOST_OPERATIONS: tuple[Operation, ...] = (
         ResolveRequest,
         StatusBody,
         (400, 401, 404, 408, 409, 410, 413),
+    ),
+    Operation(
+        "post", paths.HOST_TASK_OUTCOME, "reportTaskOutcome", "Report tasks/get's answer for a host-followed task",
+        _HOST, TaskOutcome, TaskReport, (400, 401, 404, 408, 409, 413),
     ),
 )
 OPERATIONS = OPERATIONS + HOST_OPERATIONS

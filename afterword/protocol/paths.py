@@ -29,6 +29,8 @@ __all__ = [
     "HOST_RETRY",
     "HOST_RUN",
     "HOST_RUNS",
+    "HOST_TASKS",
+    "HOST_TASK_OUTCOME",
     "LIST",
     "LIVEZ",
     "METRICS",
@@ -73,12 +75,14 @@ HOST_CLOSE = HOST_RUN + "/close"
 HOST_FINALIZE = HOST_RUN + "/finalize"
 HOST_ACTIVATE = HOST_RUN + "/activate"
 HOST_ABANDON = HOST_RUN + "/abandon"
+HOST_TASKS = HOST_RUN + "/tasks"  # adopt an MCP task handle (docs/tasks-bridge.md)
 HOST_HEALTH = "/v1/host/health"
 HOST_LIST = "/v1/host/continuations"
 HOST_CAPTURED_TEXT = "/v1/host/continuations/{cid}/captured-text"
 HOST_RETRY = "/v1/host/continuations/{cid}/retry"
 HOST_CANCEL = "/v1/host/continuations/{cid}/cancel"
 HOST_RESOLVE = "/v1/host/continuations/{cid}/resolve"
+HOST_TASK_OUTCOME = "/v1/host/continuations/{cid}/task-outcome"
 
 
 def route(template: str) -> str:

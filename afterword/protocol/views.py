@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from ..continuations.model import Continuation, ErrorInfo, Receipt, Tombstone
+from ..continuations.model import Continuation, ErrorInfo, Receipt, TaskBacking, Tombstone
 from ..continuations.rules import format_ms
 from ..continuations.trail import MAX_STATE_HISTORY
 from ..continuations.transitions import flags
-from .wire import AttemptsBody, DetailBody, ErrorDetail, ListItem, ReceiptBody, StateChangeBody, StatusBody
+from .wire import (
+    AttemptsBody,
+    DetailBody,
+    ErrorDetail,
+    ListItem,
+    ReceiptBody,
+    StateChangeBody,
+    StatusBody,
+    TaskBody,
+)
 
 _OUTCOME = {"operator": "resolved"}
 
@@ -119,6 +128,23 @@ def list_item(rec: Continuation | Tombstone) -> ListItem:
     )
 
 
+def task_body(server: str, task: TaskBacking | None) -> TaskBody | None:
+    if task is None:
+        return None
+    cancel = None
+    if task.cancel_requested:
+        cancel = "owed" if task.cancel_sent_at_ms is None else ("failed" if task.cancel_ok is False else "sent")
+    return TaskBody(
+        server=server,
+        task_id=task.task_id,
+        follow=task.follow,
+        status=task.status,
+        reported_at=_maybe_ms(task.reported_at_ms),
+        cancel=cancel,
+        cancel_detail=task.cancel_detail,
+    )
+
+
 def detail_body(rec: Continuation | Tombstone) -> DetailBody:
     history = [
         StateChangeBody(state=h.state, at=format_ms(h.at_ms), error=h.error) for h in rec.history
@@ -132,4 +158,5 @@ def detail_body(rec: Continuation | Tombstone) -> DetailBody:
         history=history,
         # Records written before histories were kept, or longer than the bound, miss entries.
         history_complete=bool(history) and len(history) < MAX_STATE_HISTORY,
+        task=task_body(rec.claim.server_name, rec.task),
     )

@@ -103,6 +103,20 @@ class StateChangeBody(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None
 
 
+class TaskBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The MCP task behind a task-backed continuation (docs/tasks-bridge.md). ``follow``: who
+    polls it (``service`` or ``host``); ``status``: the last status applied; ``cancel``:
+    ``owed`` (tasks/cancel to be sent), ``sent`` or ``failed`` (with ``cancelDetail``), else null."""
+
+    server: str
+    task_id: str
+    follow: str
+    status: str
+    reported_at: str | None = None
+    cancel: str | None = None
+    cancel_detail: str | None = None
+
+
 class DetailBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """``GET /v1/operator/continuations/{id}``: the status plus what an operator needs to
     tell how the record got here. Never a token, payload or answer text."""
@@ -114,6 +128,7 @@ class DetailBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     history: list[StateChangeBody]
     history_complete: bool
     run_id: str | None = None  # the originating run of an interactive claim
+    task: TaskBody | None = None  # set for a task-backed continuation (MCP Tasks bridge)
 
 
 class LivezBody(msgspec.Struct, frozen=True, kw_only=True):

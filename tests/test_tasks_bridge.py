@@ -1,0 +1,407 @@
+"""The service side of the MCP Tasks bridge, against both ways of being a host (the in-process
+handle and the host API over loopback HTTP, as tests/test_host_parity.py): adoption bound like
+a claim, each row of the outcome table, cancel, the host's lease, and restart."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
+from test_host_parity import Host, hosting
+
+from afterword.clients.operator import read_host_token
+from afterword.continuations import FALLBACK_TEXT
+from afterword.continuations.errors import Closed, Conflict, InvalidRequest, RunClosed, Unavailable
+from afterword.continuations.jcs import canonical_json
+from afterword.protocol import paths
+from afterword.protocol.tasks import TaskHandle, TaskOutcome, TaskReport
+
+pytestmark = pytest.mark.anyio
+WEB = "web-tasks"
+SERVERS = {
+    SERVER: {"command": "python3", "args": ["-c", "pass"]},
+    WEB: {"url": "http://127.0.0.1:9/mcp"},
+}
+HANDLE = TaskHandle(task_id="task-7", status="working", poll_interval_ms=500, ttl_ms=None)
+
+
+@pytest.fixture(params=["embedded", "http"])
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    def make(**kw: Any) -> Any:
+        kw.setdefault("servers", SERVERS)
+        kw.setdefault("selected", [SERVER, WEB])
+        return hosting(request.param, tmp_path, **kw)
+
+    return make
+
+
+async def report(x: Host, cid: str, outcome: TaskOutcome) -> TaskReport:
+    """A host's report: the host API's route over HTTP, the handle's method embedded."""
+    if x.client is None:
+        return await x.h.service.report_task_outcome(cid, outcome)
+    return await x.client.report_task_outcome(cid, outcome)
+
+
+async def adopted(x: Host, handle: TaskHandle = HANDLE, server: str = SERVER, **begin: Any) -> tuple[Any, str]:
+    run = await x.begin(**begin)
+    task = await run.adopt_task(server, handle)
+    return run, task.continuation_id
+
+
+def completed(structured: Any = None, texts: tuple[str, ...] = ("done",), is_error: bool = False) -> TaskOutcome:
+    result: dict[str, Any] = {"content": [{"type": "text", "text": t} for t in texts], "isError": is_error}
+    if structured is not None:
+        result["structuredContent"] = structured
+    return TaskOutcome(status="completed", result=result)
+
+
+# -- adoption ------------------------------------------------------------------------------
+async def test_adoption_is_bound_like_a_claim_and_idempotent(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin(mode="notify_if_actionable")
+        first = await run.adopt_task(SERVER, HANDLE)
+        assert first.follow == "host"  # a stdio server lives with the host's session
+        again = await run.adopt_task(SERVER, HANDLE)
+        assert again == first
+        rec = x.h.service.repo.get(first.continuation_id)
+        assert rec is not None and rec.task is not None
+        c = rec.claim
+        assert (c.run_id, c.conversation_id, c.reply_to, c.mode, c.server_name) == (
+            "run-1",
+            CONV,
+            REPLY,
+            "notify_if_actionable",
+            SERVER,
+        )
+        assert rec.origin_context == "pending" and rec.state == "claimed"
+        assert (rec.task.task_id, rec.task.follow, rec.task.status) == ("task-7", "host", "working")
+        other = await run.adopt_task(SERVER, TaskHandle(task_id="task-8", status="working"))
+        assert other.continuation_id != first.continuation_id
+        assert sorted(await run.close()) == sorted([first.continuation_id, other.continuation_id])
+        assert await run.adopt_task(SERVER, HANDLE) == first  # a repeat still answers after close
+        with pytest.raises(RunClosed) as late:
+            await run.adopt_task(SERVER, TaskHandle(task_id="late", status="working"))
+        assert isinstance(late.value, Closed) and late.value.status == 409
+        await run.finalize(ORIGIN)
+        await run.activate()
+        rec = x.h.service.repo.get(first.continuation_id)
+        assert rec is not None and rec.origin_context == "pinned"
+        with pytest.raises(Closed):  # settled: 410 over HTTP, closed embedded
+            await run.adopt_task(SERVER, TaskHandle(task_id="later", status="working"))
+
+
+async def test_the_same_task_id_in_another_run_is_another_continuation(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, a = await adopted(x)
+        _, b = await adopted(x, run_id="run-2")
+        assert a != b
+
+
+async def test_adoption_refusals(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        with pytest.raises(InvalidRequest, match="not selected"):
+            await run.adopt_task("not-selected", HANDLE)
+        bad = [
+            TaskHandle(task_id="", status="working"),
+            TaskHandle(task_id="x" * 257, status="working"),
+            TaskHandle(task_id="bad\nid", status="working"),
+            TaskHandle(task_id="bad\x9bid", status="working"),
+            TaskHandle(task_id="t", status="finished"),  # type: ignore[arg-type]
+            TaskHandle(task_id="t", status="working", poll_interval_ms=-1),
+        ]
+        for handle in bad:
+            with pytest.raises(InvalidRequest):
+                await run.adopt_task(SERVER, handle)
+        assert list(x.h.service.repo.live()) == []
+        # Hostile hints are taken as given and clamped where used.
+        ok = await run.adopt_task(SERVER, TaskHandle(task_id="t", status="working", poll_interval_ms=0, ttl_ms=10**9))
+        assert ok.follow == "host"
+
+
+async def test_loopback_http_server_is_followed_by_the_service(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        task = await run.adopt_task(WEB, HANDLE)
+        assert task.follow == "service"
+        (followed,) = x.h.service.tasks_to_follow()
+        assert (followed.continuation_id, followed.url, followed.task_id, followed.server) == (
+            task.continuation_id,
+            "http://127.0.0.1:9/mcp",
+            "task-7",
+            WEB,
+        )
+        assert not followed.cancel_requested and followed.poll_interval_ms == 500
+        x.h.service.tasks.sdk_available = lambda: False
+        with pytest.raises(Unavailable, match=r"afterword\[mcp\]") as caught:
+            await run.adopt_task(WEB, TaskHandle(task_id="other", status="working"))
+        assert caught.value.status == 503 and caught.value.code == "unavailable"
+
+
+async def test_deadline_is_the_sooner_of_ttl_and_the_limit(host: Callable[..., Any]) -> None:
+    async with host(limits={"taskDeadlineMs": 3_600_000}) as x:
+        run = await x.begin()
+        short = await run.adopt_task(SERVER, TaskHandle(task_id="a", status="working", ttl_ms=60_000))
+        long = await run.adopt_task(SERVER, TaskHandle(task_id="b", status="working", ttl_ms=10**9))
+        for cid, span in ((short.continuation_id, 60_000), (long.continuation_id, 3_600_000)):
+            rec = x.h.service.repo.get(cid)
+            assert rec is not None and rec.claim.deadline_ms - rec.claim.created_at_ms == span
+
+
+async def test_abandoned_run_answers_with_the_fixed_fallback(host: Callable[..., Any]) -> None:
+    async with host(run_worker=True) as x:
+        run, cid = await adopted(x)
+        await run.abandon()
+        out = await report(x, cid, completed({"answer": 42}))
+        assert out.state in ("result_received", "ready_to_deliver", "delivered")
+        rec = await wait_state(x, cid, "delivered")
+        assert rec.completion_kind == "origin_context_unavailable" and rec.text == FALLBACK_TEXT
+        assert x.h.synth.requests == []
+
+
+async def wait_state(x: Host, cid: str, state: str) -> Any:
+    with anyio.fail_after(15):
+        while True:
+            rec = x.h.service.repo.get(cid)
+            if rec is not None and rec.state == state:
+                return rec
+            await x.h.service.work_available.wait(0.05)
+
+
+# -- outcomes ------------------------------------------------------------------------------
+async def test_completed_structured_content_is_the_result_then_delivered(host: Callable[..., Any]) -> None:
+    async with host(run_worker=True) as x:
+        run, cid = await adopted(x)
+        await run.close()
+        await run.finalize(ORIGIN)
+        await run.activate()
+        assert (await report(x, cid, TaskOutcome(status="working", poll_interval_ms=10))).state == "claimed"
+        out = await report(x, cid, completed({"files": 42, "summary": "Indexed 42 files"}))
+        assert out.cancel is False
+        rec = await wait_state(x, cid, "delivered")
+        assert rec.result is not None and rec.result.idempotency_key == "task:task-7"
+        expected = canonical_json({"files": 42, "summary": "Indexed 42 files"})
+        assert rec.result.payload == expected
+        assert rec.result.payload_hash == hashlib.sha256(expected).hexdigest()
+        assert rec.task is not None and rec.task.status == "completed"
+        (request,) = x.h.synth.requests
+        assert request.conversation_id == CONV
+        # A late outcome after the end changes nothing.
+        version = x.h.service.repo.version(cid)
+        late = await report(x, cid, TaskOutcome(status="failed", message="too late"))
+        assert late.state == "delivered" and x.h.service.repo.version(cid) == version
+
+
+async def test_completed_text_content_is_joined(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await report(x, cid, completed(texts=("line one", "line two")))
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.result is not None
+        assert json.loads(rec.result.payload) == {"text": "line one\nline two"}
+        assert rec.state == "result_received" and rec.deferred  # waits for its origin, as a claim
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        TaskOutcome(status="failed", message="disk full"),
+        TaskOutcome(status="completed", result={"content": [{"type": "text", "text": "disk full"}], "isError": True}),
+    ],
+    ids=["failed", "is_error"],
+)
+async def test_failure_becomes_a_result_that_says_so(host: Callable[..., Any], outcome: TaskOutcome) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await report(x, cid, outcome)
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.result is not None and rec.state == "result_received"
+        assert json.loads(rec.result.payload) == {"taskFailed": True, "message": "disk full"}
+        assert rec.last_error is not None and rec.last_error.code == "task_failed"
+        assert rec.history[-1].error == "task_failed"  # in the trail
+        detail = x.h.service.continuation_detail(cid)
+        assert detail.task is not None and detail.task.status == outcome.status
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "code", "cancel"),
+    [
+        (TaskOutcome(status="cancelled"), "cancelled", "task_cancelled", False),
+        (TaskOutcome(status="input_required"), "dead_lettered", "task_input_required", True),
+        (TaskOutcome(status="lost", message="unknown task"), "dead_lettered", "task_lost", False),
+        (TaskOutcome(status="protocol_error"), "dead_lettered", "task_protocol_error", False),
+        (completed({"blob": "x" * (300 * 1024)}), "dead_lettered", "task_result_too_large", False),
+    ],
+    ids=["cancelled", "input_required", "lost", "protocol_error", "too_large"],
+)
+async def test_ending_rows(
+    host: Callable[..., Any], outcome: TaskOutcome, state: str, code: str, cancel: bool
+) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        out = await report(x, cid, outcome)
+        assert (out.state, out.cancel) == (state, cancel)
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.state == state and rec.last_error is not None
+        assert rec.last_error.code == code and rec.result is None
+        assert rec.task is not None and rec.task.cancel_requested is cancel
+        if cancel:  # handed to the host once: the next report does not ask again
+            assert (await report(x, cid, TaskOutcome(status="cancelled"))).cancel is False
+
+
+async def test_lost_task_is_shown_in_health(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await report(x, cid, TaskOutcome(status="lost", message="unknown task"))
+        health = await x.call("continuation_health")
+        (cause,) = [c for c in health.causes if c.code == "task_lost"]
+        assert cause.ids == [cid] and "acknowledge" in cause.commands[0]
+
+
+async def test_http_task_outcome_is_only_for_host_followed_tasks(tmp_path: Path) -> None:
+    async with hosting("http", tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as x:
+        assert x.client is not None
+        run = await x.begin()
+        task = await run.adopt_task(WEB, HANDLE)
+        with pytest.raises(Conflict, match="followed by the service"):
+            await x.client.report_task_outcome(task.continuation_id, completed({"a": 1}))
+        # The follower in the service applies it in process.
+        out = await x.h.service.report_task_outcome(task.continuation_id, completed({"a": 1}))
+        assert out.state == "result_received"
+
+
+# -- cancel --------------------------------------------------------------------------------
+async def test_cancel_of_a_host_followed_task_answers_the_next_report(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        status = await x.call("cancel_continuation", cid)
+        assert status.state == "cancelled"
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.task is not None and rec.task.cancel_requested
+        first = await report(x, cid, TaskOutcome(status="working"))
+        assert (first.state, first.cancel) == ("cancelled", True)
+        again = await report(x, cid, TaskOutcome(status="working"))
+        assert again.cancel is False
+
+
+async def test_cancel_of_a_service_followed_task_reaches_the_follower(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        await x.call("cancel_continuation", cid)
+        (followed,) = x.h.service.tasks_to_follow()
+        assert followed.continuation_id == cid and followed.cancel_requested
+        await x.h.service.record_task_cancel_sent(cid, False, "connection refused")
+        assert x.h.service.tasks_to_follow() == []
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.state == "cancelled" and rec.task is not None
+        assert (rec.task.cancel_ok, rec.task.cancel_detail) == (False, "connection refused")
+        detail = x.h.service.continuation_detail(cid)
+        assert detail.task is not None and detail.task.cancel == "failed"
+
+
+# -- the host's lease ------------------------------------------------------------------------
+async def test_host_lease_lapse_dead_letters_and_reports_renew(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, kept = await adopted(x)
+        _, gone = await adopted(x, TaskHandle(task_id="other", status="working"))
+        tasks = x.h.service.tasks
+        tasks.host_leases[kept] = tasks.host_leases[gone] = 0  # both lapsed long ago
+        await report(x, kept, TaskOutcome(status="working"))  # a report renews the lease
+        assert await x.h.service.expire_task_host_leases() == [gone]
+        rec = x.h.service.repo.get(gone)
+        assert rec is not None and rec.state == "dead_lettered"
+        assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
+        rec = x.h.service.repo.get(kept)
+        assert rec is not None and rec.state == "claimed"
+
+
+async def test_service_followed_tasks_have_no_host_lease(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        x.h.service.tasks.host_leases[cid] = 0
+        assert await x.h.service.expire_task_host_leases() == []
+
+
+# -- restart -------------------------------------------------------------------------------
+async def test_crash_before_activation_behaves_like_a_claim(tmp_path: Path) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        host_cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        config = h.config
+    # The host died before activating: the next start abandons the origin, keeps the task.
+    async with serving(tmp_path, config=config) as h:
+        rec = h.service.repo.get(cid)
+        assert rec is not None and rec.origin_context == "abandoned" and rec.state == "claimed"
+        assert [t.continuation_id for t in h.service.tasks_to_follow()] == [cid]
+        # A restarted service gives a host-followed task one full lease before judging it.
+        assert host_cid not in h.service.tasks.host_leases
+        assert await h.service.expire_task_host_leases() == []
+        assert h.service.tasks.host_leases[host_cid] > h.service.clock_ms()
+        rec = h.service.repo.get(host_cid)
+        assert rec is not None and rec.state == "claimed" and rec.task is not None and rec.task.follow == "host"
+        out = await h.service.report_task_outcome(cid, completed({"a": 1}))
+        assert out.state == "result_received"
+
+
+# -- hostile input over the wire -------------------------------------------------------------
+async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Path) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        token = read_host_token(h.config)
+        auth = {"Authorization": f"Bearer {token}"}
+        base = h.service.base_url
+        await h.client.post(base + paths.HOST_RUNS, headers=auth, json={"runId": "r", "conversationId": CONV, "replyTo": REPLY})
+        adopt_url = paths.url(paths.HOST_TASKS, base, run_id="r")
+        bodies = [
+            {"server": SERVER, "taskId": "t", "status": "working", "callbackUrl": "http://evil/"},
+            {"server": SERVER, "taskId": "t\u0000", "status": "working"},
+            {"server": SERVER, "taskId": "t" * 257, "status": "working"},
+            {"server": SERVER, "taskId": "t", "status": "done"},
+            {"server": SERVER, "taskId": "t", "status": "working", "url": "http://169.254.169.254/"},
+        ]
+        for body in bodies:
+            resp = await h.client.post(adopt_url, headers=auth, json=body)
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["code"] == "invalid_request" and token not in resp.text
+        resp = await h.client.post(adopt_url, headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"})
+        assert resp.status_code == 200
+        cid = resp.json()["continuationId"]
+        outcome_url = paths.url(paths.HOST_TASK_OUTCOME, base, cid=cid)
+        for body in (
+            {"status": "failed", "message": "m" * 1025},
+            {"status": "failed", "message": "é" * 513},  # 1026 bytes
+            {"status": "completed", "result": {"content": []}, "extra": 1},
+            {"status": "exploded"},
+            {"status": "completed"},
+        ):
+            resp = await h.client.post(outcome_url, headers=auth, json=body)
+            assert resp.status_code == 400, resp.text
+            assert token not in resp.text
+        resp = await h.client.post(outcome_url, headers=auth, content=b"x" * (2 * 1024 * 1024))
+        assert resp.status_code == 413
+        rec = h.service.repo.get(cid)
+        assert rec is not None and rec.state == "claimed"
+        unknown = await h.client.post(
+            paths.url(paths.HOST_TASK_OUTCOME, base, cid="c_nope"), headers=auth, json={"status": "working"}
+        )
+        assert unknown.status_code == 404
+        nobody = await h.client.post(outcome_url, json={"status": "working"})
+        assert nobody.status_code == 401
+        assert (await h.client.post(paths.url(paths.HOST_TASKS, base, run_id="nope"), headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"})).status_code == 404
+
+
+async def test_a_claim_is_not_a_task(tmp_path: Path) -> None:
+    async with hosting("http", tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as x:
+        assert x.client is not None
+        run = await x.begin()
+        claim = await x.h.claimed(run.stdio_env(SERVER))
+        with pytest.raises(Conflict, match="not backed by an MCP task"):
+            await x.client.report_task_outcome(claim["continuationId"], TaskOutcome(status="working"))
