@@ -18,9 +18,12 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from .mcp_sdk import RequestHook
+from .mcp_sdk import HandleCallback, McpSdkUnavailable, RequestHook
 
 LINE = 1
+# SDK 1.x has no client extension API: the tasks extension is never declared, so no server
+# answers a tool call with a task handle and there is nothing to adopt or follow.
+TASKS = False
 HTTP_TIMEOUT = httpx.Timeout(30.0, read=300.0)
 
 
@@ -70,3 +73,21 @@ async def start_session(
 def tool_result(result: Any) -> tuple[str, bool]:
     text = " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
     return text, bool(result.isError)
+
+
+def tasks_extensions(on_handle: HandleCallback) -> list[Any]:
+    return []
+
+
+async def call_tool(
+    session: ClientSession, name: str, arguments: dict[str, Any] | None, options: Mapping[str, Any]
+) -> Any:
+    return await session.call_tool(name, arguments, **options)
+
+
+async def get_task(session: Any, task_id: str, timeout_s: float | None) -> dict[str, Any]:
+    raise McpSdkUnavailable("MCP Tasks need the MCP SDK 2.x (mcp>=2)")
+
+
+async def cancel_task(session: Any, task_id: str, timeout_s: float | None) -> None:
+    raise McpSdkUnavailable("MCP Tasks need the MCP SDK 2.x (mcp>=2)")

@@ -24,10 +24,10 @@ SDK raises :class:`~afterword.clients.mcp_sdk.McpSdkUnavailable` (an ``ImportErr
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 import anyio
 
@@ -36,6 +36,7 @@ from ..config import Config, ConfigError, McpServer, is_loopback_url, select_con
 from ..errors import CallerError
 from ..protocol.headers import RESERVED_HEADERS
 from .mcp_sdk import RequestHook, load
+from .mcp_tasks import TaskAdopting, TaskHost
 
 if TYPE_CHECKING:
     import httpx
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
 __all__ = [
     "McpHostError",
     "Settlement",
+    "TaskHost",
     "ToolOutcome",
+    "call_tool",
     "check_selection",
     "connect_servers",
     "http_client",
@@ -151,22 +154,13 @@ def _seconds(timeout: timedelta | float | None) -> float | None:
 
 
 @asynccontextmanager
-async def open_session(
+async def _start(
     binding: RunBinding,
     server: McpServer,
-    *,
-    errlog: TextIO | None = None,
-    read_timeout: timedelta | float | None = None,
-    **session_options: Any,
+    errlog: TextIO | None,
+    read_timeout: timedelta | float | None,
+    options: Mapping[str, Any],
 ) -> AsyncIterator[ClientSession]:
-    """Start one MCP client for this run and yield its ready ``ClientSession``.
-
-    On SDK 2.x the client negotiates the protocol revision (``server/discover``, falling back
-    to ``initialize``); on 1.x it sends ``initialize``. ``errlog`` receives a stdio server's
-    stderr (a real file; default: ours). ``read_timeout`` bounds each response (seconds or a
-    ``timedelta``). ``session_options`` go to the SDK's client: ``mcp.Client`` on 2.x,
-    ``ClientSession`` on 1.x (``logging_callback``, ``message_handler``, ``client_info``...).
-    """
     async with AsyncExitStack() as stack:
         if server.transport == "stdio":
             transport = _sdk.stdio_transport(stdio_parameters(binding, server), errlog)
@@ -179,7 +173,58 @@ async def open_session(
                 f"server {server.name!r} uses {server.transport}; these helpers start stdio and "
                 "streamable HTTP servers only"
             )
-        yield await _sdk.start_session(stack, transport, _seconds(read_timeout), session_options)
+        yield await _sdk.start_session(stack, transport, _seconds(read_timeout), options)
+
+
+@asynccontextmanager
+async def open_session(
+    binding: RunBinding,
+    server: McpServer,
+    *,
+    errlog: TextIO | None = None,
+    read_timeout: timedelta | float | None = None,
+    tasks: TaskHost | None = None,
+    **session_options: Any,
+) -> AsyncIterator[ClientSession]:
+    """Start one MCP client for this run and yield its ready ``ClientSession``.
+
+    On SDK 2.x the client negotiates the protocol revision (``server/discover``, falling back
+    to ``initialize``); on 1.x it sends ``initialize``. ``errlog`` receives a stdio server's
+    stderr (a real file; default: ours). ``read_timeout`` bounds each response (seconds or a
+    ``timedelta``). ``session_options`` go to the SDK's client: ``mcp.Client`` on 2.x,
+    ``ClientSession`` on 1.x (``logging_callback``, ``message_handler``, ``client_info``...).
+
+    With ``tasks`` (a running :class:`TaskHost`), the session is owned by the TaskHost, which
+    keeps it open after this block while a task it must follow is unfinished; on SDK 2.x a
+    selected server is offered the MCP tasks extension (call its tools with :func:`call_tool`).
+    """
+    if tasks is None:
+        async with _start(binding, server, errlog, read_timeout, session_options) as session:
+            yield session
+        return
+
+    def opener(extensions: list[Any]) -> AbstractAsyncContextManager[ClientSession]:
+        options = dict(session_options)
+        if extensions:
+            options["extensions"] = [*options.get("extensions", ()), *extensions]
+        return _start(binding, server, errlog, read_timeout, options)
+
+    adopter = cast(TaskAdopting, binding) if _selected(binding, server) else None
+    async with tasks.session(server.name, opener, adopter) as session:
+        yield session
+
+
+async def call_tool(
+    session: ClientSession, name: str, arguments: dict[str, Any] | None = None, **options: Any
+) -> Any:
+    """Call a tool through a session these helpers opened, on either SDK line.
+
+    On 2.x this goes through the SDK's ``Client``, so a task handle from a selected server is
+    adopted (see :class:`TaskHost`) and the call returns an ordinary ``CallToolResult``
+    (``ClientSession.call_tool`` itself would raise ``UnexpectedClaimedResult``). ``options``
+    are ``call_tool``'s keywords (``read_timeout_seconds``, ``meta``...).
+    """
+    return await _sdk.call_tool(session, name, arguments, options)
 
 
 @asynccontextmanager
@@ -190,11 +235,13 @@ async def connect_servers(
     *,
     errlog: TextIO | None = None,
     read_timeout: timedelta | float | None = None,
+    tasks: TaskHost | None = None,
 ) -> AsyncIterator[dict[str, ClientSession]]:
     """Start MCP clients for ``names`` (default: every configured server) for this run.
 
     Everything that can be refused is refused before the first server starts: the
     continuation selection, unknown names, and transports these helpers cannot start.
+    ``tasks``: a running :class:`TaskHost` to adopt and follow MCP Tasks (see open_session).
     """
     check_selection(config)
     wanted = list(config.mcp_servers) if names is None else list(names)
@@ -215,7 +262,7 @@ async def connect_servers(
         sessions: dict[str, ClientSession] = {}
         for server in servers:
             sessions[server.name] = await stack.enter_async_context(
-                open_session(binding, server, errlog=errlog, read_timeout=read_timeout)
+                open_session(binding, server, errlog=errlog, read_timeout=read_timeout, tasks=tasks)
             )
         yield sessions
 

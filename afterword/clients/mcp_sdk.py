@@ -24,7 +24,16 @@ if TYPE_CHECKING:
     import httpx2
     from mcp import ClientSession, StdioServerParameters
 
-__all__ = ["INSTALL_HINT", "McpSdkUnavailable", "SdkAdapter", "installed_line", "load"]
+__all__ = [
+    "INSTALL_HINT",
+    "HandleCallback",
+    "McpSdkUnavailable",
+    "SdkAdapter",
+    "TaskChannelClosed",
+    "TaskUnknown",
+    "installed_line",
+    "load",
+]
 
 INSTALL_HINT = "pip install 'afterword[mcp]'"
 # The lines the adapters speak: 1.24 added streamable_http_client(http_client=...), and 3.x
@@ -33,6 +42,17 @@ _OLDEST = (1, 24)
 _NEXT_MAJOR = 3
 
 RequestHook = Callable[[Any], Awaitable[None]]
+# Called with a task handle's wire fields and the name of the tool that answered with it;
+# returns the tool result's text for the model and whether it is an error.
+HandleCallback = Callable[[dict[str, Any], str], Awaitable[tuple[str, bool]]]
+
+
+class TaskUnknown(Exception):
+    """``tasks/get`` was refused as naming no task the server knows (it lost its state)."""
+
+
+class TaskChannelClosed(Exception):
+    """The session a task is followed over has ended (a stdio server exited)."""
 
 
 class McpSdkUnavailable(StateError, ImportError):
@@ -74,6 +94,19 @@ class SdkAdapter(Protocol):
     ) -> ClientSession: ...
 
     def tool_result(self, result: Any) -> tuple[str, bool]: ...
+
+    # The tasks extension (SEP-2663): 2.x only; on 1.x TASKS is False and nothing is declared.
+    TASKS: bool
+
+    def tasks_extensions(self, on_handle: HandleCallback) -> list[Any]: ...
+
+    async def call_tool(
+        self, session: ClientSession, name: str, arguments: dict[str, Any] | None, options: Mapping[str, Any]
+    ) -> Any: ...
+
+    async def get_task(self, session: Any, task_id: str, timeout_s: float | None) -> dict[str, Any]: ...
+
+    async def cancel_task(self, session: Any, task_id: str, timeout_s: float | None) -> None: ...
 
 
 def installed_line() -> int:

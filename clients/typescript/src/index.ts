@@ -125,6 +125,43 @@ export type Resolution =
   | { kind: "not_delivered" }
   | { kind: "dead_lettered" };
 
+/** The status a task handle or a `tasks/get` answer carries (MCP Tasks, SEP-2663). */
+export type TaskStatus = "working" | "input_required" | "completed" | "failed" | "cancelled";
+
+/**
+ * A task handle as an MCP server answered `tools/call` with it (`resultType: "task"`). Only
+ * these fields are sent to afterword; anything else the handle holds is left out.
+ */
+export interface TaskHandle {
+  taskId: string;
+  status: TaskStatus;
+  pollIntervalMs?: number | null;
+  ttlMs?: number | null;
+}
+
+/** What adopting a task made: the continuation, and who polls the task. */
+export interface AdoptedTask {
+  continuationId: string;
+  /** `service`: afterword polls it (loopback HTTP server); `host`: the host must (stdio). */
+  follow: "service" | "host";
+}
+
+/** One answer of a host-followed task, reported to afterword (`lost`: the server forgot it). */
+export interface TaskOutcome {
+  status: TaskStatus | "lost";
+  /** The `CallToolResult` of a completed (or failed) task: `content`, `structuredContent`, `isError`. */
+  result?: { content?: unknown[]; structuredContent?: unknown; isError?: boolean } | null;
+  /** Why it failed or was lost; at most 1 KiB. */
+  message?: string | null;
+  pollIntervalMs?: number | null;
+}
+
+/** afterword's answer to a report: the continuation's state, and whether to send `tasks/cancel`. */
+export interface TaskReport {
+  state: string;
+  cancel: boolean;
+}
+
 /** An error answered by the service (its JSON envelope), or `status` 0 when unreachable. */
 export class AfterwordError extends Error {
   readonly status: number;
@@ -261,6 +298,18 @@ export class HostClient {
   resolve(continuationId: string, resolution: Resolution): Promise<ContinuationStatus> {
     return this.request("POST", `/continuations/${enc(continuationId)}/resolve`, resolution);
   }
+
+  /**
+   * Report what `tasks/get` answered for a host-followed task (follow `host`). A `working`
+   * report renews the host's lease on it; when the answer says `cancel`, send `tasks/cancel`.
+   */
+  reportTaskOutcome(continuationId: string, outcome: TaskOutcome): Promise<TaskReport> {
+    const body: Record<string, unknown> = { status: outcome.status };
+    for (const key of ["result", "message", "pollIntervalMs"] as const) {
+      if (outcome[key] !== undefined && outcome[key] !== null) body[key] = outcome[key];
+    }
+    return this.request("POST", `/continuations/${enc(continuationId)}/task-outcome`, body);
+  }
 }
 
 /** One run bound over the host API: the in-process RunBinding's methods, over HTTP. */
@@ -340,6 +389,17 @@ export class Run {
 
   async activate(): Promise<void> {
     await this.#post("activate");
+  }
+
+  /**
+   * Adopt a task handle a selected server answered a tool call with: a continuation bound to
+   * this run like a claim. Repeating it for the same task returns the same continuation.
+   */
+  adoptTask(server: string, handle: TaskHandle): Promise<AdoptedTask> {
+    const body: Record<string, unknown> = { server, taskId: handle.taskId, status: handle.status };
+    if (handle.pollIntervalMs !== undefined && handle.pollIntervalMs !== null) body.pollIntervalMs = handle.pollIntervalMs;
+    if (handle.ttlMs !== undefined && handle.ttlMs !== null) body.ttlMs = handle.ttlMs;
+    return this.#client.request<AdoptedTask>("POST", `/runs/${enc(this.runId)}/tasks`, body);
   }
 
   async abandon(): Promise<void> {

@@ -187,3 +187,41 @@ test("the token file is read and trimmed; list and verbs build their requests", 
     await srv.stop();
   }
 });
+
+test("adoptTask sends only the handle's fields; reportTaskOutcome posts the outcome", async () => {
+  const srv = await fake((s) => {
+    if (s.url.endsWith("/tasks")) return [200, { continuationId: "c_7", follow: "host" }];
+    if (s.url.endsWith("/task-outcome")) return [200, { state: "cancelled", cancel: true }];
+    return [200, runBody()];
+  });
+  try {
+    const host = new HostClient({ baseUrl: srv.url, token: "t" });
+    const run = await host.beginRun({ runId: "run/1", conversationId: "c", replyTo: "r" });
+    // A handle straight from an MCP client keeps its other wire fields: they are not sent.
+    const handle = {
+      resultType: "task",
+      taskId: "t-1",
+      status: "working" as const,
+      pollIntervalMs: 500,
+      ttlMs: null,
+      createdAt: "2030-01-01T00:00:00Z",
+    };
+    const adopted = await run.adoptTask("work-control", handle);
+    assert.deepEqual(adopted, { continuationId: "c_7", follow: "host" });
+    const report = await host.reportTaskOutcome("c_7", {
+      status: "completed",
+      result: { content: [{ type: "text", text: "done" }], isError: false },
+      message: null,
+    });
+    assert.deepEqual(report, { state: "cancelled", cancel: true });
+    assert.deepEqual(
+      srv.seen.slice(1).map((s) => `${s.method} ${s.url} ${s.body}`),
+      [
+        'POST /v1/host/runs/run%2F1/tasks {"server":"work-control","taskId":"t-1","status":"working","pollIntervalMs":500}',
+        'POST /v1/host/continuations/c_7/task-outcome {"status":"completed","result":{"content":[{"type":"text","text":"done"}],"isError":false}}',
+      ],
+    );
+  } finally {
+    await srv.stop();
+  }
+});

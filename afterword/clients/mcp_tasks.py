@@ -1,0 +1,320 @@
+"""The host side of the MCP Tasks bridge: adopt task handles, follow host-followed tasks.
+
+A server selected in ``tools.continuationServers`` may answer ``tools/call`` with a task
+handle (``resultType: "task"``, SEP-2663) when the host declared the tasks extension. The host
+helpers declare it only when the host passes a :class:`TaskHost` (and only to selected
+servers, on SDK 2.x). On a handle they:
+
+1. read it (a malformed handle becomes a tool error the model reads; nothing is adopted);
+2. adopt it with the run's binding (``adopt_task``: the in-process ``RunBinding`` or a
+   ``RemoteRun`` over the host API), which binds it to the run exactly like a claim;
+3. answer the model with an ordinary tool result: the work was accepted and its answer will
+   follow in this conversation. The text names the continuation id, never the task id: a
+   server-made task id may be the only thing needed to read or cancel the task.
+
+A task afterword follows itself (``follow: "service"``, a loopback HTTP server) needs nothing
+more from the host. A task the host follows (``follow: "host"``, a stdio server whose process
+lives with the host's session) is polled here with ``tasks/get`` for as long as the
+:class:`TaskHost` lives, and each answer is reported (``report_task_outcome``); a ``working``
+report renews the host's lease on it, and an answer ``{"cancel": true}`` makes the host send
+``tasks/cancel``.
+
+**Sessions outlive the turn.** With a :class:`TaskHost`, every MCP session of a turn is
+opened inside a task the TaskHost owns. When the turn's ``connect_servers`` block ends, a
+session with no task to follow closes at once; one that still has host-followed tasks stays
+open, owned by the TaskHost, until each of them is terminal. A host keeps one TaskHost for
+its lifetime (``async with TaskHost(service) as tasks:`` around its serving loop). When it
+exits, or the host dies, the sessions end and no one reports: the service's host lease lapses
+and the continuation is dead-lettered with the cause ``task_host_gone``, never left pending.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from ..continuations import errors as E
+from ..errors import AfterwordError, RemoteError
+from ..protocol.tasks import AdoptedTask, TaskHandle, TaskOutcome, TaskReport
+from .mcp_sdk import TaskChannelClosed, TaskUnknown, load
+from .mcp_task_wire import MalformedTask, accepted_text, read_handle, read_outcome
+
+__all__ = ["TaskAdopting", "TaskHost", "TaskReporting"]
+
+log = logging.getLogger("afterword.mcp_host")
+_sdk = load()
+
+# How often a host-followed task is polled: the server's pollIntervalMs clamped to these bounds
+# (a hostile 0 cannot spin the host, a huge value cannot outlast the host lease), doubled after
+# each failed poll up to the ceiling.
+MIN_POLL_MS = 250
+MAX_POLL_MS = 60_000
+# Consecutive malformed tasks/get answers after which the task is reported failed.
+PROTOCOL_ERROR_LIMIT = 5
+REQUEST_TIMEOUT_S = 30.0
+CANCEL_TIMEOUT_S = 10.0
+
+_TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost"})
+_TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
+
+
+class TaskAdopting(Protocol):
+    """A run binding that can adopt a task: ``RunBinding`` or ``RemoteRun``."""
+
+    async def adopt_task(self, server: str, handle: TaskHandle) -> AdoptedTask: ...
+
+
+class TaskReporting(Protocol):
+    """Who hears host-followed outcomes: ``ContinuationService`` or ``HostClient``."""
+
+    async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport: ...
+
+
+def _code(exc: BaseException) -> str:
+    return str(getattr(exc, "code", type(exc).__name__))
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A report that may succeed later: unreachable (status 0), 5xx, or over admission."""
+    status = getattr(exc, "status", 500)
+    return isinstance(exc, RemoteError) or status == 0 or status == 429 or status >= 500
+
+
+def _poll_delay_s(interval_ms: int | None, failures: int) -> float:
+    base = MIN_POLL_MS if interval_ms is None else min(max(interval_ms, MIN_POLL_MS), MAX_POLL_MS)
+    return min(base * (1 << min(failures, 16)), MAX_POLL_MS) / 1000
+
+
+@dataclass(eq=False)
+class _Lease:
+    """One MCP session owned by the TaskHost: held while its turn runs (``released`` unset)
+    or while a host-followed task still needs it."""
+
+    session: Any
+    server: str
+    released: anyio.Event = field(default_factory=anyio.Event)
+    following: int = 0
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def touch(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+class TaskHost:
+    """Adopts task handles for a host and follows the tasks afterword leaves to it.
+
+    ``reporter`` hears each host-followed outcome: the embedded ``ContinuationService`` or a
+    ``HostClient`` (``POST /v1/host/continuations/{cid}/task-outcome``). Use it as an async
+    context manager that lives as long as the host, and pass it to
+    ``connect_servers(..., tasks=...)`` on each turn.
+    """
+
+    def __init__(self, reporter: TaskReporting, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self._reporter = reporter
+        self._timeout = request_timeout_s
+        self._tg: TaskGroup | None = None
+        self._leases: dict[int, _Lease] = {}
+        self._following: set[str] = set()
+        self.reported = 0
+        self.cancels_sent = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<TaskHost sessions={len(self._leases)} following={len(self._following)} "
+            f"reported={self.reported} open={self._tg is not None}>"
+        )
+
+    @property
+    def following(self) -> frozenset[str]:
+        """The continuation ids whose tasks are being polled now."""
+        return frozenset(self._following)
+
+    @property
+    def declares(self) -> bool:
+        """Whether the installed SDK can declare the tasks extension (2.x)."""
+        return bool(_sdk.TASKS)
+
+    async def __aenter__(self) -> TaskHost:
+        self._cm = anyio.create_task_group()
+        self._tg = await self._cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        assert self._tg is not None
+        # Leaving stops every follow and closes every session: what is left unreported falls
+        # to the service's host-lease rule (task_host_gone).
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._cm.__aexit__(*exc)
+        finally:
+            self._tg = None
+
+    # -- sessions -------------------------------------------------------------------------
+    @asynccontextmanager
+    async def session(
+        self,
+        server: str,
+        opener: Callable[[list[Any]], AbstractAsyncContextManager[Any]],
+        adopter: TaskAdopting | None,
+    ) -> AsyncIterator[Any]:
+        """Open a session in a task this TaskHost owns and yield it for one turn.
+
+        ``opener(extensions)`` opens the session with those client extensions; ``adopter``
+        is the run binding when the server is selected (None: nothing is declared)."""
+        if self._tg is None:
+            raise RuntimeError("TaskHost is not running: use 'async with TaskHost(...)'")
+        lease: _Lease = await self._tg.start(self._own, server, opener, adopter)
+        try:
+            yield lease.session
+        finally:
+            lease.released.set()
+            lease.touch()
+
+    async def _own(
+        self,
+        server: str,
+        opener: Callable[[list[Any]], AbstractAsyncContextManager[Any]],
+        adopter: TaskAdopting | None,
+        *,
+        task_status: TaskStatus[_Lease],
+    ) -> None:
+        holder: list[_Lease] = []
+
+        async def on_handle(raw: dict[str, Any], tool: str) -> tuple[str, bool]:
+            assert adopter is not None and holder
+            return await self._adopt(holder[0], adopter, raw, tool)
+
+        extensions = _sdk.tasks_extensions(on_handle) if adopter is not None else []
+        started = False
+        try:
+            async with opener(extensions) as session:
+                lease = _Lease(session=session, server=server)
+                holder.append(lease)
+                self._leases[id(lease)] = lease
+                started = True
+                task_status.started(lease)
+                while not lease.released.is_set() or lease.following:
+                    await lease.changed.wait()
+        except Exception:
+            if not started:
+                raise
+            # A session that broke after its turn began must not take the other sessions down.
+            log.warning("an MCP session of %s ended with an error", server, exc_info=True)
+        finally:
+            if holder:
+                self._leases.pop(id(holder[0]), None)
+
+    # -- adoption -------------------------------------------------------------------------
+    async def _adopt(
+        self, lease: _Lease, adopter: TaskAdopting, raw: dict[str, Any], tool: str
+    ) -> tuple[str, bool]:
+        try:
+            handle = read_handle(raw)
+        except MalformedTask as exc:
+            return (
+                f"Not accepted: the tool server answered with a malformed task handle ({exc}). "
+                "Nothing was started on afterword's side and no answer will follow.",
+                True,
+            )
+        try:
+            adopted = await adopter.adopt_task(lease.server, handle)
+        except AfterwordError as exc:
+            # Nobody will follow the task: ask the server to drop it rather than leave it running.
+            await self._cancel(lease, handle.task_id)
+            return (
+                f"Not accepted: afterword could not take this background task ({_code(exc)}), so it was "
+                "cancelled and no answer will follow.",
+                True,
+            )
+        if adopted.follow == "host":
+            self._start_follow(lease, adopted.continuation_id, handle)
+        return accepted_text(tool, adopted.continuation_id), False
+
+    # -- following ------------------------------------------------------------------------
+    def _start_follow(self, lease: _Lease, cid: str, handle: TaskHandle) -> None:
+        if cid in self._following:
+            return  # an idempotent re-adoption of a task already followed
+        assert self._tg is not None
+        self._following.add(cid)
+        lease.following += 1
+        self._tg.start_soon(self._follow, lease, cid, handle)
+
+    async def _follow(self, lease: _Lease, cid: str, handle: TaskHandle) -> None:
+        try:
+            await self._poll_until_done(lease, cid, handle)
+        finally:
+            self._following.discard(cid)
+            lease.following -= 1
+            lease.touch()
+
+    async def _poll_until_done(self, lease: _Lease, cid: str, handle: TaskHandle) -> None:
+        interval = handle.poll_interval_ms
+        failures = 0
+        malformed = 0
+        first = handle.status != "working"
+        while True:
+            if not first:
+                await anyio.sleep(_poll_delay_s(interval, failures))
+            first = False
+            try:
+                raw = await _sdk.get_task(lease.session, handle.task_id, self._timeout)
+                outcome = read_outcome(raw, handle.task_id)
+                malformed = 0
+            except TaskUnknown:
+                outcome = TaskOutcome(status="lost", message="the server no longer knows this task")
+            except (
+                TaskChannelClosed,
+                anyio.ClosedResourceError,
+                anyio.BrokenResourceError,
+                anyio.EndOfStream,
+            ):
+                log.warning(
+                    "the session following continuation %s ended; the service's host lease decides", cid
+                )
+                return
+            except MalformedTask as exc:
+                malformed += 1
+                failures += 1
+                if malformed < PROTOCOL_ERROR_LIMIT:
+                    continue
+                outcome = TaskOutcome(status="failed", message=f"protocol error: {exc}")
+            except Exception as exc:  # a refused or timed-out poll: back off and poll again
+                failures += 1
+                log.info("tasks/get for continuation %s failed (%s)", cid, type(exc).__name__)
+                continue
+            if outcome.poll_interval_ms is not None:
+                interval = outcome.poll_interval_ms
+            try:
+                report = await self._reporter.report_task_outcome(cid, outcome)
+            except (RemoteError, E.ContinuationError) as exc:
+                if _retryable(exc):
+                    failures += 1  # the service is unreachable or busy: poll again, report then
+                    continue
+                log.warning("continuation %s refused a task outcome (%s); following stops", cid, _code(exc))
+                return
+            self.reported += 1
+            failures = 0
+            if report.cancel:
+                await self._cancel(lease, handle.task_id)
+                return
+            if outcome.status in _TERMINAL_TASK or report.state in _TERMINAL_RECORD:
+                return
+
+    async def _cancel(self, lease: _Lease, task_id: str) -> None:
+        """``tasks/cancel``, best effort and bounded: a failure is logged, never raised."""
+        with anyio.move_on_after(CANCEL_TIMEOUT_S):
+            try:
+                await _sdk.cancel_task(lease.session, task_id, CANCEL_TIMEOUT_S)
+                self.cancels_sent += 1
+                return
+            except Exception as exc:
+                log.warning("tasks/cancel failed (%s)", type(exc).__name__)
+                return
+        log.warning("tasks/cancel timed out")
