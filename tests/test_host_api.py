@@ -397,7 +397,7 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         await s.send("post", top, 200, json={"status": "working"}, headers=host)
         await s.send("post", top, 400, json={"status": "exploded"}, headers=host)
         await s.send("post", f"{hc}/c_none/task-outcome", 404, json={"status": "working"}, headers=host)
-        await s.send("post", top, 413, content=b"x" * 1_100_000, headers={**host, **js})
+        await s.send("post", top, 413, content=b"x" * 4_300_000, headers={**host, **js})
         await s.trickle("POST", top, {**host, **js})
         await s.send("post", f"{hc}/{cid}/task-outcome", 409, json={"status": "working"}, headers=host)
         for verb in ("retry", "cancel", "resolve"):

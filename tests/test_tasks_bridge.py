@@ -12,10 +12,16 @@ from typing import Any
 
 import anyio
 import pytest
+from _service import ENV, write_config
 from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
 from test_host_parity import Host, hosting
+from test_http_protocol import Clock
+from test_http_protocol import serving as protocol_serving
 
+import afterword
+from afterword.cli import main as cli_main
 from afterword.clients.operator import read_host_token
+from afterword.config import ConfigError
 from afterword.continuations import FALLBACK_TEXT
 from afterword.continuations.errors import Closed, Conflict, InvalidRequest, RunClosed, Unavailable
 from afterword.continuations.jcs import canonical_json
@@ -94,6 +100,38 @@ async def test_adoption_is_bound_like_a_claim_and_idempotent(host: Callable[...,
         assert rec is not None and rec.origin_context == "pinned"
         with pytest.raises(Closed):  # settled: 410 over HTTP, closed embedded
             await run.adopt_task(SERVER, TaskHandle(task_id="later", status="working"))
+
+
+async def test_close_waits_for_an_adoption_inside_admission(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        entered, release, closed = anyio.Event(), anyio.Event(), anyio.Event()
+        out: dict[str, Any] = {}
+
+        async def paused() -> None:
+            entered.set()
+            await release.wait()
+
+        async def adopt() -> None:
+            out["task"] = await run.adopt_task(SERVER, HANDLE)
+
+        async def close() -> None:
+            out["active"] = await run.close()
+            closed.set()
+
+        x.h.service.hooks.before_claim_commit = paused
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(adopt)
+            await entered.wait()
+            x.h.service.hooks.before_claim_commit = None
+            tg.start_soon(close)
+            with anyio.move_on_after(0.3):  # give close() every chance to (wrongly) finish
+                await closed.wait()
+            assert not closed.is_set()
+            with pytest.raises(RunClosed):  # admission is closed while draining
+                await run.adopt_task(SERVER, TaskHandle(task_id="late", status="working"))
+            release.set()
+        assert out["active"] == [out["task"].continuation_id]
 
 
 async def test_the_same_task_id_in_another_run_is_another_continuation(host: Callable[..., Any]) -> None:
@@ -385,7 +423,7 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
             resp = await h.client.post(outcome_url, headers=auth, json=body)
             assert resp.status_code == 400, resp.text
             assert token not in resp.text
-        resp = await h.client.post(outcome_url, headers=auth, content=b"x" * (2 * 1024 * 1024))
+        resp = await h.client.post(outcome_url, headers=auth, content=b"x" * (5 * 1024 * 1024))
         assert resp.status_code == 413
         rec = h.service.repo.get(cid)
         assert rec is not None and rec.state == "claimed"
@@ -405,3 +443,67 @@ async def test_a_claim_is_not_a_task(tmp_path: Path) -> None:
         claim = await x.h.claimed(run.stdio_env(SERVER))
         with pytest.raises(Conflict, match="not backed by an MCP task"):
             await x.client.report_task_outcome(claim["continuationId"], TaskOutcome(status="working"))
+
+
+# -- configuration -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("taskDeadlineMs", 0, "positive integer"),
+        ("taskDeadlineMs", 30 * 24 * 3600 * 1000 + 1, "at most 2592000000"),
+        ("taskHostLeaseMs", -5, "positive integer"),
+        ("taskHostLeaseMs", 3_600_001, "at most 3600000"),
+    ],
+)
+def test_task_limits_are_validated(tmp_path: Path, key: str, value: int, problem: str) -> None:
+    path = write_config(tmp_path, continuations={"limits": {key: value}})
+    with pytest.raises(ConfigError) as caught:
+        afterword.load_config(path, environ=ENV)
+    assert str(caught.value).startswith(f"continuations.limits.{key}: ") and problem in str(caught.value)
+
+
+def test_task_limits_defaults_and_values(tmp_path: Path) -> None:
+    limits = afterword.load_config(write_config(tmp_path), environ=ENV).limits
+    assert (limits.task_deadline_ms, limits.task_host_lease_ms) == (24 * 3600 * 1000, 60_000)
+    path = write_config(tmp_path, continuations={"limits": {"taskDeadlineMs": 5000, "taskHostLeaseMs": 700}})
+    limits = afterword.load_config(path, environ=ENV).limits
+    assert (limits.task_deadline_ms, limits.task_host_lease_ms) == (5000, 700)
+
+
+# -- the operator's command line ------------------------------------------------------------------
+async def test_cli_show_and_health_name_the_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        await h.service.report_task_outcome(cid, TaskOutcome(status="lost", message="server restarted"))
+        config = ["--config", str(h.config.config_path)]
+        assert await anyio.to_thread.run_sync(cli_main, ["continuations", "show", *config, cid]) == 0
+        out = capsys.readouterr().out
+        assert "mcp task" in out and "task-7 on work-control, followed by the host" in out
+        assert "last status" in out and "lost" in out and "task_lost: server restarted" in out
+        code = await anyio.to_thread.run_sync(cli_main, ["continuations", "health", *config])
+        out = capsys.readouterr().out
+        assert code == 2 and "task_lost" in out and cid in out
+
+
+# -- expiry ------------------------------------------------------------------------------------
+async def test_an_expired_task_owes_its_server_a_cancel(tmp_path: Path) -> None:
+    clock = Clock()
+    path = write_config(tmp_path, servers=SERVERS, selected=[SERVER, WEB])
+    config = afterword.load_config(path, environ=ENV)
+    async with protocol_serving(tmp_path, config=config, clock=clock, run_worker=True) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        handle = TaskHandle(task_id="slow", status="working", ttl_ms=60_000)
+        cid = (await run.adopt_task(WEB, handle)).continuation_id
+        await run.finalize(ORIGIN)
+        await run.activate()
+        clock.offset_ms += 61_000  # past the task's ttl: the worker expires it
+        h.service.work_available.set()
+        with anyio.fail_after(15):
+            while (rec := h.service.repo.get(cid)) is None or rec.state != "expired":
+                await h.service.work_available.wait(0.05)
+        (followed,) = h.service.tasks_to_follow()
+        assert followed.continuation_id == cid and followed.cancel_requested
+        late = await h.service.report_task_outcome(cid, completed({"a": 1}))
+        assert (late.state, late.cancel) == ("expired", True)
+        assert h.service.repo.get(cid).result is None  # type: ignore[union-attr]

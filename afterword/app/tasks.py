@@ -235,7 +235,8 @@ class Tasks:
                 raise NotFound(f"no continuation {cid}")
             now = self.ledger.clock_ms()
             # Decided again on the record under its lock: another outcome may have won.
-            new = table.apply(rec, decision, now, result) if rec.state == "claimed" else None
+            waiting = rec.state == "claimed" and now <= rec.claim.deadline_ms
+            new = table.apply(rec, decision, now, result) if waiting else None
             if new is None:
                 return rec
             await self.ledger.commit([(rec, new)])

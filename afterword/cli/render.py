@@ -118,6 +118,16 @@ def print_detail(detail: DetailBody) -> None:
             else "no",
         )
     )
+    task = detail.task
+    if task is not None:
+        cancel = task.cancel or "-"
+        if task.cancel_detail:
+            cancel += f" ({task.cancel_detail})"
+        rows += [
+            ("mcp task", f"{task.task_id} on {task.server}, followed by the {task.follow}"),
+            ("  last status", task.status + (f" (reported {task.reported_at})" if task.reported_at else "")),
+            ("  tasks/cancel", cancel),
+        ]
     receipt = st.receipt
     if receipt is not None:
         rows += [

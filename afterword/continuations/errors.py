@@ -6,7 +6,7 @@ Internally the precise error is raised; the HTTP edge converts it once into the 
 
 from __future__ import annotations
 
-from ..errors import AfterwordError, CallerError
+from ..errors import AfterwordError, CallerError, StateError
 
 
 class ContinuationError(AfterwordError):
@@ -125,7 +125,7 @@ class RunClosed(Closed):
     status = 409
 
 
-class Unavailable(ContinuationError):
+class Unavailable(ContinuationError, StateError):
     """This service lacks what the request needs, through no fault of the caller's: e.g.
     following an MCP task without the MCP SDK installed (HTTP 503 ``unavailable``)."""
 

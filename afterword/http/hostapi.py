@@ -37,7 +37,7 @@ MAX_FINALIZE_BODY = 1024 * 1024
 # A task's outcome carries the tool's whole CallToolResult, which may be larger than the
 # payload it yields: room for it, so a result over the payload limit is decided by the outcome
 # table (task_result_too_large) instead of being refused at the door.
-MAX_TASK_OUTCOME_BODY = 1024 * 1024
+MAX_TASK_OUTCOME_BODY = 4 * 1024 * 1024
 HOST_CONTINUATIONS = paths.HOST_LIST + "/"
 
 
