@@ -83,7 +83,7 @@ def test_typescript_client_suite_against_a_real_service(node: str, sidecar: tupl
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     # Every test ran: the live ones did not skip for want of a service.
     assert "# fail 0" in done.stdout and "# skipped 0" in done.stdout, done.stdout[-2000:]
-    assert "# pass 12" in done.stdout, done.stdout[-2000:]  # 8 client tests, 4 of the payload hash
+    assert "# pass 14" in done.stdout, done.stdout[-2000:]  # 10 client tests, 4 of the payload hash
 
 
 def test_node_host_runs_one_turn_end_to_end(node: str, sidecar: tuple[Server, Path]) -> None:

@@ -12,15 +12,14 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from ..continuations.errors import InvalidRequest
 from ..errors import AfterwordError
-from ..protocol.tasks import TaskHandle, TaskOutcome
+from ..protocol.tasks import MAX_TASK_ID as TASK_ID_MAX
+from ..protocol.tasks import MAX_TASK_MESSAGE as MESSAGE_MAX
+from ..protocol.tasks import TASK_STATUSES as _TASK_STATES
+from ..protocol.tasks import TaskHandle, TaskOutcome, check_handle
 
-__all__ = ["MESSAGE_MAX", "TASK_ID_MAX", "MalformedTask", "accepted_text", "read_handle", "read_outcome"]
-
-TASK_ID_MAX = 256
-MESSAGE_MAX = 1024
-
-_TASK_STATES = ("working", "input_required", "completed", "failed", "cancelled")
+__all__ = ["MalformedTask", "accepted_text", "read_handle", "read_outcome"]
 
 
 class MalformedTask(AfterwordError):
@@ -57,12 +56,19 @@ def _millis(raw: Mapping[str, Any], key: str, where: str) -> int | None:
 def read_handle(raw: Mapping[str, Any]) -> TaskHandle:
     """The handle a ``tools/call`` answered with, checked; raises :class:`MalformedTask`."""
     where = "task handle"
-    return TaskHandle(
+    handle = TaskHandle(
         task_id=_task_id(raw, where),
         status=_status(raw, where),  # type: ignore[arg-type]
         poll_interval_ms=_millis(raw, "pollIntervalMs", where),
         ttl_ms=_millis(raw, "ttlMs", where),
     )
+    try:
+        # The service's own rule too, so the host never hands over what adoption would refuse
+        # (the checks above are there to name the field for the model).
+        check_handle(handle)
+    except InvalidRequest as exc:
+        raise MalformedTask(f"{where}: {exc}") from None
+    return handle
 
 
 def _bounded(text: str) -> str:

@@ -40,6 +40,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..continuations import errors as E
+from ..continuations.taskoutcomes import poll_delay_ms
 from ..errors import AfterwordError, RemoteError
 from ..protocol.tasks import AdoptedTask, TaskHandle, TaskOutcome, TaskReport
 from .mcp_sdk import TaskChannelClosed, TaskUnknown, load
@@ -50,12 +51,8 @@ __all__ = ["TaskAdopting", "TaskHost", "TaskReporting"]
 log = logging.getLogger("afterword.mcp_host")
 _sdk = load()
 
-# How often a host-followed task is polled: the server's pollIntervalMs clamped to these bounds
-# (a hostile 0 cannot spin the host, a huge value cannot outlast the host lease), doubled after
-# each failed poll up to the ceiling.
-MIN_POLL_MS = 250
-MAX_POLL_MS = 60_000
-# Consecutive malformed tasks/get answers after which the task is reported failed.
+# Consecutive malformed tasks/get answers after which the task is reported ``protocol_error``
+# (the service's follower gives up after as many).
 PROTOCOL_ERROR_LIMIT = 5
 REQUEST_TIMEOUT_S = 30.0
 CANCEL_TIMEOUT_S = 10.0
@@ -87,8 +84,9 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _poll_delay_s(interval_ms: int | None, failures: int) -> float:
-    base = MIN_POLL_MS if interval_ms is None else min(max(interval_ms, MIN_POLL_MS), MAX_POLL_MS)
-    return min(base * (1 << min(failures, 16)), MAX_POLL_MS) / 1000
+    # The service follower's cadence: the hint clamped to [250 ms, 60 s] (a hostile 0 cannot
+    # spin the host; 60 s stays inside the host lease), doubled per failed poll.
+    return poll_delay_ms(interval_ms, failures) / 1000
 
 
 @dataclass(eq=False)
@@ -284,7 +282,7 @@ class TaskHost:
                 failures += 1
                 if malformed < PROTOCOL_ERROR_LIMIT:
                     continue
-                outcome = TaskOutcome(status="failed", message=f"protocol error: {exc}")
+                outcome = TaskOutcome(status="protocol_error", message=str(exc))
             except Exception as exc:  # a refused or timed-out poll: back off and poll again
                 failures += 1
                 log.info("tasks/get for continuation %s failed (%s)", cid, type(exc).__name__)

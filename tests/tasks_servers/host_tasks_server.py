@@ -6,7 +6,7 @@ Every ``tools/call`` is appended to ``--record`` as a JSON line saying whether t
 declared ``io.modelcontextprotocol/tasks``, so a test can read what the server received.
 When it was declared, ``job`` answers with a task handle; otherwise it runs inline. A task
 completes once the file ``<--gates>/<key>`` exists (a test opens the gate; no timing), fails
-when that file says ``fail``. ``tasks/cancel`` is recorded too. ``malformed`` answers with a
+when that file says ``fail``; ``job(wrong_id=true)`` answers ``tasks/get`` about another task. ``tasks/cancel`` is recorded too. ``malformed`` answers with a
 broken handle of the kind asked for.
 
     python tests/tasks_servers/host_tasks_server.py --record R --gates DIR [--http --port P]
@@ -83,6 +83,8 @@ class HostTasks(Extension):
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         task = self._task(params.task_id)
         self.log({"method": "tasks/get", "key": task["key"]})
+        if task["wrong_id"]:  # a hostile or buggy server: answers about another task
+            return {"resultType": "complete", **self._fields(params.task_id, "working"), "taskId": "t-other"}
         if task["cancelled"]:
             return {"resultType": "complete", **self._fields(params.task_id, "cancelled")}
         gate = self.gates / task["key"]
@@ -124,6 +126,7 @@ class HostTasks(Extension):
             "key": str(args["key"]),
             "text": str(args.get("text", "")),
             "poll": int(args.get("poll_ms", 50)),
+            "wrong_id": bool(args.get("wrong_id", False)),
             "cancelled": False,
         }
         return {"resultType": "task", **self._fields(task_id, "working")}
@@ -148,7 +151,7 @@ def build(record: Path, gates: Path) -> MCPServer:
     server = MCPServer("host-tasks", extensions=[HostTasks(record, gates)])
 
     @server.tool()
-    def job(key: str, text: str = "", poll_ms: int = 50) -> str:
+    def job(key: str, text: str = "", poll_ms: int = 50, wrong_id: bool = False) -> str:
         """Run a job (as a task when the client declared the tasks extension)."""
         return f"{text} ran inline"
 

@@ -92,3 +92,29 @@ test("a wrong capability is refused", live, async () => {
   const host = new HostClient({ baseUrl: base!, token: "awh1.not-the-token" });
   await assert.rejects(host.health(), rejectsWith(401, "unauthorized"));
 });
+
+test("a task handle adopted for a run, its host-followed outcomes reported", live, async () => {
+  const host = await HostClient.fromTokenFile(base!, tokenFile!);
+  const run = await host.beginRun({ runId: "ts-run-task", conversationId: "local:ts", replyTo: "local:ts" });
+  // "work-control" is a stdio server: the host polls its task and reports what tasks/get said.
+  const handle = { taskId: "ts-task-1", status: "working" as const, pollIntervalMs: 500 };
+  const adopted = await run.adoptTask("work-control", handle);
+  assert.equal(adopted.follow, "host");
+  assert.match(adopted.continuationId, /^c_/);
+  assert.deepEqual(await run.adoptTask("work-control", handle), adopted); // idempotent
+  await assert.rejects(run.adoptTask("not-selected", handle), rejectsWith(400, "invalid_request"));
+  const working = await host.reportTaskOutcome(adopted.continuationId, { status: "working", pollIntervalMs: 500 });
+  assert.deepEqual(working, { state: "claimed", cancel: false });
+  assert.deepEqual(await run.close(), [adopted.continuationId]);
+  await assert.rejects(run.adoptTask("work-control", { taskId: "late", status: "working" }), rejectsWith(409, "closed"));
+  await run.finalize(ORIGIN);
+  await run.activate();
+  const done = await host.reportTaskOutcome(adopted.continuationId, {
+    status: "completed",
+    result: { content: [{ type: "text", text: "indexed" }], structuredContent: { files: 3 }, isError: false },
+  });
+  assert.equal(done.cancel, false);
+  assert.notEqual(done.state, "claimed"); // the result was accepted
+  const later = await host.reportTaskOutcome(adopted.continuationId, { status: "failed", message: "too late" });
+  assert.equal(later.cancel, false); // a late outcome changes nothing
+});

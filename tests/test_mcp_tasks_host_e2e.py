@@ -1,0 +1,222 @@
+"""The host side of the MCP Tasks bridge end to end: the host helpers (``connect_servers`` with
+a ``TaskHost``), a real SDK 2.x Tasks server (tests/tasks_servers/host_tasks_server.py), and the
+real service, both ways of being a host (the in-process handle, and the host API over loopback
+HTTP through ``HostClient``/``RemoteRun``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from _service import free_port
+from test_host_binding import CONV, ORIGIN, REPLY
+from test_host_parity import Host, hosting
+from test_mcp_e2e import wait_port
+
+from afterword.clients.mcp_sdk import installed_line
+from afterword.continuations.jcs import canonical_json
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        installed_line() != 2,
+        reason="the MCP tasks extension needs the SDK 2.x client extension API; 1.x declares nothing",
+    ),
+]
+
+if installed_line() == 2:
+    from afterword.mcp_host import TaskHost, call_tool, connect_servers, settle_run, tool_outcome
+
+SERVER_PY = str(Path(__file__).resolve().parent / "tasks_servers" / "host_tasks_server.py")
+SERVER = "work-control"  # selected, over stdio: its tasks are followed by the host
+WEB = "web-tasks"  # selected, over loopback HTTP: its tasks are followed by the service
+WAIT_S = 30.0
+
+
+def args(root: Path, name: str) -> list[str]:
+    return [SERVER_PY, "--record", str(root / f"{name}.jsonl"), "--gates", str(root / "gates")]
+
+
+def records(root: Path, name: str) -> list[dict[str, Any]]:
+    import json
+
+    path = root / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def web(tmp_path: Path) -> Iterator[str]:
+    (tmp_path / "gates").mkdir(exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, *args(tmp_path, WEB), "--http", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(proc, port)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(params=["embedded", "http"])
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    (tmp_path / "gates").mkdir(exist_ok=True)
+
+    def make(web_url: str | None = None, **kw: Any) -> Any:
+        servers: dict[str, Any] = {SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
+        if web_url is not None:
+            servers[WEB] = {"url": web_url}
+        return hosting(request.param, tmp_path, servers=servers, selected=list(servers), **kw)
+
+    return make
+
+
+def reporter(x: Host) -> Any:
+    """Who hears host-followed outcomes: the service embedded, the host API's client over HTTP."""
+    return x.h.service if x.client is None else x.client
+
+
+@asynccontextmanager
+async def task_turn(x: Host, tasks: TaskHost, run: Any, names: list[str]) -> AsyncIterator[dict[str, Any]]:
+    async with connect_servers(run, x.h.config, names, tasks=tasks) as sessions:
+        yield sessions
+
+
+async def wait_record(x: Host, cid: str, state: str) -> Any:
+    with anyio.fail_after(WAIT_S):
+        while (rec := x.h.service.repo.get(cid)) is None or rec.state != state:
+            await x.h.service.work_available.wait(0.05)
+    return rec
+
+
+def opened(root: Path, key: str, text: str = "ok") -> None:
+    (root / "gates" / key).write_text(text)
+
+
+async def test_a_stdio_task_is_adopted_for_the_run_followed_by_the_host_and_answered_once(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    async with host(run_worker=True) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            result = await call_tool(sessions[SERVER], "job", {"key": "idx", "text": "reindex"})
+        outcome = tool_outcome(result)
+        assert not outcome.failed, outcome.text
+        (cid,) = [rec.id for rec in x.h.service.repo.live()]
+        assert f"continuation {cid}" in outcome.text and "will follow in this conversation" in outcome.text
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.task is not None
+        # Bound exactly like a claim of this run: run, server, route, mode; followed by the host.
+        assert (rec.claim.run_id, rec.claim.conversation_id, rec.claim.reply_to) == ("run-1", CONV, REPLY)
+        assert rec.claim.mode == "reply" and rec.task.follow == "host"
+        assert rec.task.task_id not in outcome.text  # the model never reads the server's task id
+        assert tasks.following == {cid}  # the turn is over; its stdio session is still polled
+        await settle_run(run, ORIGIN)
+        opened(tmp_path, "idx")
+        rec = await wait_record(x, cid, "delivered")
+        assert rec.result is not None and rec.result.idempotency_key == f"task:{rec.task.task_id}"
+        assert rec.result.payload == canonical_json({"job": "reindex", "finished": True})
+        assert rec.origin_context == "pinned"
+        with anyio.fail_after(WAIT_S):
+            while tasks.following:
+                await anyio.sleep(0.02)
+        (request,) = x.h.synth.requests  # answered once
+        assert request.conversation_id == CONV
+    assert {r["method"] for r in records(tmp_path, SERVER)} == {"tools/call", "tasks/get"}
+    assert records(tmp_path, SERVER)[0]["declared"] is True
+
+
+async def test_a_loopback_http_task_is_left_to_the_service(
+    host: Callable[..., Any], tmp_path: Path, web: str
+) -> None:
+    async with host(web_url=web) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [WEB]) as sessions:
+            outcome = tool_outcome(await call_tool(sessions[WEB], "job", {"key": "w", "text": "backup"}))
+            assert not outcome.failed, outcome.text
+            assert tasks.following == frozenset()  # the host polls nothing
+        (rec,) = x.h.service.repo.live()
+        assert rec.task is not None and rec.task.follow == "service" and rec.claim.server_name == WEB
+        assert rec.claim.run_id == "run-1"
+        await settle_run(run, ORIGIN)
+    assert tasks.reported == 0
+    assert records(tmp_path, WEB)[0]["declared"] is True
+
+
+async def test_a_malformed_handle_reaches_the_model_as_an_error_and_adopts_nothing(
+    host: Callable[..., Any],
+) -> None:
+    async with host() as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            bad = [
+                tool_outcome(await call_tool(sessions[SERVER], "malformed", {"kind": k}))
+                for k in ("control", "long")
+            ]
+        assert all(o.failed and "malformed task handle" in o.text for o in bad)
+        assert list(x.h.service.repo.live()) == []
+        assert (await x.call("list_continuations")).items == []
+        await settle_run(run, ORIGIN)
+
+
+async def test_a_cancel_reaches_the_server_through_the_hosts_next_report(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    async with host() as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            await call_tool(sessions[SERVER], "job", {"key": "c", "text": "x"})
+        (cid,) = tasks.following
+        await settle_run(run, ORIGIN)
+        assert (await x.call("cancel_continuation", cid)).state == "cancelled"
+        with anyio.fail_after(WAIT_S):
+            while tasks.following:
+                await anyio.sleep(0.02)
+        assert tasks.cancels_sent == 1
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.state == "cancelled"
+    assert [r["method"] for r in records(tmp_path, SERVER)][-1] == "tasks/cancel"
+
+
+async def test_a_host_that_exits_first_leaves_the_task_visibly_dead_lettered(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    async with host(limits={"taskHostLeaseMs": 1000}) as x:
+        async with TaskHost(reporter(x)) as tasks:
+            run = await x.begin()
+            async with task_turn(x, tasks, run, [SERVER]) as sessions:
+                await call_tool(sessions[SERVER], "job", {"key": "gone", "text": "x"})
+            (cid,) = tasks.following
+            await settle_run(run, ORIGIN)
+        # The host is gone (its TaskHost, and with it the stdio server): nobody reports.
+        opened(tmp_path, "gone")  # the task would finish now, but no one is left to see it
+        rec = await wait_record(x, cid, "dead_lettered")
+        assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
+        health = await x.call("continuation_health")
+        assert health.status == "unhealthy"
+
+
+async def test_answers_about_another_task_end_as_a_protocol_error(tmp_path: Path) -> None:
+    """Five malformed ``tasks/get`` answers in a row (here: about another task id): the host
+    reports ``protocol_error`` and the continuation is dead-lettered with that cause."""
+    (tmp_path / "gates").mkdir()
+    servers = {SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
+    async with hosting("embedded", tmp_path, servers=servers, selected=[SERVER]) as x:
+        async with TaskHost(x.h.service) as tasks:
+            run = await x.begin()
+            async with task_turn(x, tasks, run, [SERVER]) as sessions:
+                await call_tool(sessions[SERVER], "job", {"key": "w", "text": "x", "wrong_id": True})
+            (cid,) = tasks.following
+            await settle_run(run, ORIGIN)
+            rec = await wait_record(x, cid, "dead_lettered")
+        assert rec.last_error is not None and rec.last_error.code == "task_protocol_error"
+    assert [r["method"] for r in records(tmp_path, SERVER)].count("tasks/get") == 5
