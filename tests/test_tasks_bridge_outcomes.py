@@ -215,11 +215,6 @@ async def test_a_result_over_the_limit_is_dead_lettered_too_large(tmp_path: Path
         assert rec.last_error is not None and rec.last_error.code == "task_result_too_large"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue-32b's TaskHost reports a protocol error as `failed` (a taskFailed answer is "
-    "delivered) instead of `protocol_error`; /work/notes/32c-to-32b.md",
-)
 @pytest.mark.parametrize("mode", ["wrong_id", "malformed_get"])
 async def test_answers_about_another_task_or_malformed_end_in_a_protocol_error(
     tmp_path: Path, gates: Path, mode: str
