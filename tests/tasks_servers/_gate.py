@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ async def wait(gates: Path, key: str) -> dict[str, Any]:
 
 def record(gates: Path, event: str, **fields: Any) -> None:
     """Append one event line (O_APPEND: whole lines even with several writers)."""
-    line = json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n"
+    # ``at`` (wall clock, seconds) lets a test check a lower bound between two events.
+    line = json.dumps({"event": event, "pid": os.getpid(), "at": time.time(), **fields}) + "\n"
     fd = os.open(gates / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())
