@@ -76,3 +76,12 @@ def test_the_command_line_refuses_options_of_the_claims_workload(capsys: pytest.
             killtest_main(["--workload", "tasks", *extra])
         assert exit_.value.code == 2
     assert "--workload tasks takes" in capsys.readouterr().err
+
+
+def test_a_forgotten_runs_fallback_answer_is_not_misdelivered() -> None:
+    """A restart before activate forgets the run: its task is answered with the fixed
+    origin-unavailable text, a visible end, not another task's answer."""
+    report = _report(1)
+    lines = [_line("c1", "I could not finish answering this request.")]
+    judge_tasks(report, {"task-1": {"c1"}}, {"task-1": _delivered("c1")}, lines, (), forgotten=["task-1"])
+    assert report.ok and report.runs_forgotten == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,6 @@ from types import ModuleType
 from typing import Any
 
 import anyio
-import httpx
 import msgspec
 from rich.console import Console
 
@@ -90,10 +90,10 @@ def _start_server(root: Path, port: int) -> subprocess.Popen[bytes]:
     while time.monotonic() < give_up:
         if proc.poll() is not None:
             raise DemoError(f"the Tasks server exited with {proc.returncode}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1, trust_env=False)
+        try:  # a TCP connect: a GET on /mcp would open the server's event stream
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc
-        except httpx.HTTPError:
+        except OSError:
             time.sleep(0.05)
     proc.kill()
     raise DemoError("the Tasks server did not listen")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,12 +54,18 @@ HISTORY = [
 class TasksReport(KillReport):
     adopted: int = 0
     misdelivered: int = 0
+    runs_forgotten: int = 0  # adopted, run lost to a restart before activate: the fallback answer
+    not_adopted: int = 0  # the restart came before the adoption was acknowledged
     continuations_per_task: dict[str, int] = field(default_factory=dict)  # "1": n tasks, "2": ...
     gates_opened: dict[str, int] = field(default_factory=dict)  # by phase
 
     @property
     def ok(self) -> bool:
         return super().ok and self.misdelivered == 0
+
+
+class _RunForgotten(Exception):
+    """The service answered 404 for the run: a restart forgot it before it was activated."""
 
 
 class _Gates:
@@ -102,6 +109,8 @@ class _Host:
         self.closing = threading.Event()
         self.stop = threading.Event()
         self.adopted: dict[str, set[str]] = {}  # task key -> every continuation id adoption answered
+        self.forgotten: set[str] = set()  # adopted, then the run was forgotten before activate
+        self.unadopted = 0  # the run was forgotten before the adoption was acknowledged
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
 
@@ -120,6 +129,8 @@ class _Host:
                 continue
             if r.status_code == 200:
                 return r.json()
+            if r.status_code == 404:  # runs live in memory: a restart forgot this one
+                raise _RunForgotten(path)
             raise RuntimeError(f"POST {path}: HTTP {r.status_code} {r.text[:300]}")
         return None
 
@@ -138,6 +149,19 @@ class _Host:
                 await self._one(client, tasks, index)
 
     async def _one(self, client: httpx.AsyncClient, tasks: Any, index: int) -> None:
+        try:
+            await self._turn(client, tasks, index)
+        except _RunForgotten:
+            # A restart before activate forgot the run (runs are in memory). Before adoption
+            # the task was never afterword's; after it, recovery answers the run's
+            # continuations with the fixed origin-unavailable text, as for any crashed turn.
+            key = f"task-{index:05d}"
+            if key in self.adopted:
+                self.forgotten.add(key)
+            else:
+                self.unadopted += 1
+
+    async def _turn(self, client: httpx.AsyncClient, tasks: Any, index: int) -> None:
         key, run = f"task-{index:05d}", f"run-{index:05d}"
         chat = f"kill:chat-{index:05d}"
         body = {"runId": run, "conversationId": chat, "replyTo": chat, "mode": "reply"}
@@ -191,10 +215,10 @@ def _start_tasks_server(root: Path, gates: Path, port: int) -> subprocess.Popen[
             raise RuntimeError(
                 f"the Tasks server exited with {proc.returncode} (see {root}/tasks-server.log)"
             )
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1, trust_env=False)
+        try:  # a TCP connect: a GET on /mcp would open the server's event stream
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc
-        except httpx.HTTPError:
+        except OSError:
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError("the Tasks server did not listen within 60 s")
@@ -273,7 +297,10 @@ def run_tasks_killtest(
             adopted=len(host.adopted),
         )
         if host.error is not None:
-            report.problem(f"the host loop failed: {type(host.error).__name__}: {host.error}")
+            error = host.error
+            while isinstance(error, BaseExceptionGroup) and error.exceptions:
+                error = error.exceptions[0]  # the first leaf says what went wrong
+            report.problem(f"the host loop failed: {type(error).__name__}: {error}")
             report.lost += 1  # the run did not do what it reports; never call it ok
         if refused is not None:
             report.problem("the service refused to start " + refused)
@@ -304,10 +331,13 @@ def judge_tasks(
     final: Mapping[str, Seen | None],
     outbox_lines: Sequence[Mapping[str, Any]],
     pending: Iterable[str],
+    forgotten: Iterable[str] = (),
 ) -> None:
     """The Tasks verdict (pure): ``adopted`` maps task key -> every continuation id its adoption
     answered; ``final`` the status read at the end by task key (None: 404); ``outbox_lines`` the
-    outbox file's lines; ``pending`` the keys still not terminal when the drain gave up."""
+    outbox file's lines; ``pending`` the keys still not terminal when the drain gave up;
+    ``forgotten`` the keys whose run a restart forgot before activate (answered with the fixed
+    origin-unavailable text, not the task's answer)."""
     claims = {key: min(cids) for key, cids in adopted.items()}
     # Every task's gate is open by the end: its result exists, so each must end terminal.
     judge(report, claims, set(claims.values()), final, {}, Outbox.of(outbox_lines), pending)
@@ -321,9 +351,11 @@ def judge_tasks(
     for line in outbox_lines:
         cid = str(line["deliveryKey"]).rpartition(":")[0]
         texts.setdefault(cid, []).append(str(line.get("text", "")))
+    skip = set(forgotten)
+    report.runs_forgotten = len(skip)
     for key, cid in claims.items():
         delivered = texts.get(cid)
-        if delivered and not any(key in text for text in delivered):
+        if key not in skip and delivered and not any(key in text for text in delivered):
             report.misdelivered += 1
             report.problem(f"{key}: the delivered text does not carry its own task's answer")
 
@@ -340,7 +372,7 @@ def _check(report: TasksReport, server: _Server, host: _Host, operator: str) -> 
                 if r.status_code not in (200, 404):
                     report.problem(f"{key}: status answered HTTP {r.status_code}")
                     continue
-                seen = Seen.of(r.json()) if r.status_code == 200 else None
+                seen = Seen.of(r.json()["status"]) if r.status_code == 200 else None
                 if final.get(key, 0) != seen:
                     quiet_until = time.monotonic() + 60
                 final[key] = seen
@@ -351,7 +383,8 @@ def _check(report: TasksReport, server: _Server, host: _Host, operator: str) -> 
         health = client.get(server.base + "/v1/operator/health").json()
     path = server.root / "outbox.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-    judge_tasks(report, host.adopted, final, lines, pending)
+    judge_tasks(report, host.adopted, final, lines, pending, host.forgotten)
+    report.not_adopted = host.unadopted
     report.health = str(health["status"])
     expected = expected_health(report.states)
     report.health_consistent = report.health == expected
