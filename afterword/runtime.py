@@ -95,9 +95,11 @@ async def open_service(
         check_service_state(
             store.root, store.manifest, v3_records=v3_continuations(store), live=service.repo.live()
         )
-        from .worker.compose import attach_worker
+        from .worker.compose import attach_task_follower, attach_worker
 
         worker = attach_worker(service, synthesizer=synthesizer, channels=channels, history=history)
+        # Polls the tasks the service follows itself; runs beside the worker, or not at all.
+        follower = attach_task_follower(service, worker) if run_worker else None
         service.on_change.extend(on_change)  # before anything at startup changes a record
         # Deliveries a crash interrupted on a channel that can prove what it holds are
         # settled first; recovery then declares only the truly unprovable ones unknown.
@@ -127,6 +129,9 @@ async def open_service(
                 tg.start_soon(service.tasks.run_host_leases)
                 if run_worker:
                     await tg.start(worker.run)
+                if follower is not None:
+                    # After recovery: every task still followed is polled at once.
+                    await tg.start(follower.run)
                 tg.start_soon(watch_ownership, store)
                 try:
                     yield service
@@ -134,6 +139,8 @@ async def open_service(
                     with anyio.CancelScope(shield=True):
                         if serve_http:
                             await http.stop()
+                        if follower is not None:
+                            await follower.stop()  # before the worker: its outcomes make work
                         await worker.stop()
                     tg.cancel_scope.cancel()
         except* OwnershipLostError as group:

@@ -32,6 +32,7 @@ from afterword.protocol.tasks import (
     decode_handle,
     decode_outcome,
 )
+from afterword.worker.synth import SynthesisRequest, instructions, render_template
 
 NOW = 1_900_000_000_000
 DEADLINE = NOW + 3_600_000
@@ -144,6 +145,7 @@ def test_failure_message_is_bounded_in_bytes() -> None:
         (TaskOutcome(status="input_required"), "dead_lettered", "task_input_required", True),
         (TaskOutcome(status="lost", message="gone"), "dead_lettered", "task_lost", False),
         (TaskOutcome(status="protocol_error"), "dead_lettered", "task_protocol_error", False),
+        (TaskOutcome(status="too_large", message="over 1 MiB"), "dead_lettered", "task_result_too_large", False),
     ],
 )
 def test_ending_rows(outcome: TaskOutcome, state: str, code: str, owed: bool) -> None:
@@ -288,3 +290,16 @@ def test_outcomes_built_in_process_are_checked_too() -> None:
     with pytest.raises(InvalidRequest):
         check_handle(TaskHandle(task_id="a\nb", status="working"))
     check_outcome(TaskOutcome(status="failed", message="m" * 1024))
+
+
+# -- the answer a failed task gets -------------------------------------------------------------
+def test_a_failed_task_is_answered_as_a_failure() -> None:
+    payload = table.failure_payload(TaskOutcome(status="failed", message="disk full"))
+    assert render_template(payload) == "Update on your earlier request: the background task failed: disk full"
+    assert render_template({"taskFailed": True}).endswith("the background task failed: no reason was given")
+    assert "failed" not in render_template({"taskFailed": False, "summary": "ok"})
+    request = SynthesisRequest(
+        continuation_id="c", mode="reply", conversation_id="x", origin_context="pinned", messages=(), payload=payload
+    )
+    assert "FAILED" in instructions(request)
+    assert "FAILED" not in instructions(msgspec.structs.replace(request, payload={"summary": "ok"}))

@@ -6,24 +6,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from _service import ENV, write_config
+from _ui import sign_in
 from test_host_binding import CONV, ORIGIN, REPLY, SERVER, serving
 from test_host_parity import Host, hosting
 from test_http_protocol import Clock
 from test_http_protocol import serving as protocol_serving
 
 import afterword
+from afterword.app.tasks import mcp_sdk_available
 from afterword.cli import main as cli_main
 from afterword.clients.operator import read_host_token
 from afterword.config import ConfigError
 from afterword.continuations import FALLBACK_TEXT
-from afterword.continuations.errors import Closed, Conflict, InvalidRequest, RunClosed, Unavailable
+from afterword.continuations.errors import (
+    AdmissionLimit,
+    Closed,
+    Conflict,
+    InvalidRequest,
+    RunClosed,
+    Unavailable,
+)
 from afterword.continuations.jcs import canonical_json
 from afterword.protocol import paths
 from afterword.protocol.tasks import TaskHandle, TaskOutcome, TaskReport
@@ -141,6 +152,41 @@ async def test_the_same_task_id_in_another_run_is_another_continuation(host: Cal
         assert a != b
 
 
+async def test_concurrent_adoptions_of_one_handle_make_one_continuation(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        run = await x.begin()
+        got: list[Any] = []
+
+        async def adopt() -> None:
+            got.append(await run.adopt_task(SERVER, HANDLE))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(adopt)
+        assert len({t.continuation_id for t in got}) == 1 and len(got) == 8
+        assert len(list(x.h.service.repo.live())) == 1
+        assert await run.close() == [got[0].continuation_id]
+
+
+async def test_racing_outcomes_end_the_record_once(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        answers: list[TaskReport] = []
+
+        async def send(outcome: TaskOutcome) -> None:
+            answers.append(await report(x, cid, outcome))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, completed({"a": 1}))
+            tg.start_soon(send, TaskOutcome(status="cancelled"))
+            tg.start_soon(send, TaskOutcome(status="lost"))
+        rec = x.h.service.repo.get(cid)
+        assert rec is not None and rec.state in ("result_received", "cancelled", "dead_lettered")
+        ended = [h for h in rec.history if h.state != "claimed"]
+        assert len(ended) == 1  # one transition out of claimed, whichever won
+        assert rec.result is None or rec.state == "result_received"
+
+
 async def test_adoption_refusals(host: Callable[..., Any]) -> None:
     async with host() as x:
         run = await x.begin()
@@ -161,6 +207,15 @@ async def test_adoption_refusals(host: Callable[..., Any]) -> None:
         # Hostile hints are taken as given and clamped where used.
         ok = await run.adopt_task(SERVER, TaskHandle(task_id="t", status="working", poll_interval_ms=0, ttl_ms=10**9))
         assert ok.follow == "host"
+
+
+async def test_adoption_counts_against_the_admission_limits(host: Callable[..., Any]) -> None:
+    async with host(limits={"maxActivePerOrigin": 1}) as x:
+        run = await x.begin()
+        await run.adopt_task(SERVER, HANDLE)
+        with pytest.raises(AdmissionLimit):
+            await run.adopt_task(SERVER, TaskHandle(task_id="second", status="working"))
+        assert len(list(x.h.service.repo.live())) == 1
 
 
 async def test_loopback_http_server_is_followed_by_the_service(host: Callable[..., Any]) -> None:
@@ -234,6 +289,17 @@ async def test_completed_structured_content_is_the_result_then_delivered(host: C
         version = x.h.service.repo.version(cid)
         late = await report(x, cid, TaskOutcome(status="failed", message="too late"))
         assert late.state == "delivered" and x.h.service.repo.version(cid) == version
+
+
+async def test_a_failed_task_is_delivered_as_a_failure(host: Callable[..., Any]) -> None:
+    async with host(run_worker=True) as x:
+        run, cid = await adopted(x)
+        await run.finalize(ORIGIN)
+        await run.activate()
+        await report(x, cid, TaskOutcome(status="failed", message="disk full"))
+        rec = await wait_state(x, cid, "delivered")
+        assert rec.text == "Update on your earlier request: the background task failed: disk full"
+        assert [h.error for h in rec.history if h.state == "result_received"] == ["task_failed"]
 
 
 async def test_completed_text_content_is_joined(host: Callable[..., Any]) -> None:
@@ -344,6 +410,19 @@ async def test_cancel_of_a_service_followed_task_reaches_the_follower(host: Call
         assert detail.task is not None and detail.task.cancel == "failed"
 
 
+async def test_a_compacted_task_keeps_its_task_and_ignores_reports(host: Callable[..., Any]) -> None:
+    async with host() as x:
+        _, cid = await adopted(x)
+        await report(x, cid, TaskOutcome(status="lost", message="gone"))
+        await x.h.service.acknowledge_continuation(cid)  # the operator (no host verb)
+        await x.h.service.apply_retention()
+        assert x.h.service.repo.get(cid) is None and x.h.service.repo.tombstone(cid) is not None
+        detail = x.h.service.continuation_detail(cid)
+        assert detail.task is not None and (detail.task.task_id, detail.task.status) == ("task-7", "lost")
+        late = await report(x, cid, completed({"a": 1}))
+        assert (late.state, late.cancel) == ("dead_lettered", False)
+
+
 # -- the host's lease ------------------------------------------------------------------------
 async def test_host_lease_lapse_dead_letters_and_reports_renew(host: Callable[..., Any]) -> None:
     async with host() as x:
@@ -358,6 +437,8 @@ async def test_host_lease_lapse_dead_letters_and_reports_renew(host: Callable[..
         assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
         rec = x.h.service.repo.get(kept)
         assert rec is not None and rec.state == "claimed"
+        await x.call("cancel_continuation", kept)  # ended otherwise: its lease is forgotten
+        assert await x.h.service.expire_task_host_leases() == [] and tasks.host_leases == {}
 
 
 async def test_service_followed_tasks_have_no_host_lease(host: Callable[..., Any]) -> None:
@@ -507,3 +588,44 @@ async def test_an_expired_task_owes_its_server_a_cancel(tmp_path: Path) -> None:
         late = await h.service.report_task_outcome(cid, completed({"a": 1}))
         assert (late.state, late.cancel) == ("expired", True)
         assert h.service.repo.get(cid).result is None  # type: ignore[union-attr]
+
+
+async def test_status_page_shows_the_task(tmp_path: Path) -> None:
+    async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
+        await h.service.cancel_continuation(cid)
+        await h.service.record_task_cancel_sent(cid, False, "connection refused")
+        ui = await sign_in(h.client, h.service)
+        page = await ui.get(f"/ui/c/{cid}")
+        assert page.status_code == 200
+        text = re.sub(r"<[^>]+>", " ", page.text)
+        assert "MCP task" in text and "task-7" in text and f"on {WEB}" in text
+        assert "the service" in text and "failed (connection refused)" in text
+
+
+def test_only_the_sdk_2_line_can_follow_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert mcp_sdk_available()  # the test venv runs the 2.x line
+    for installed, usable in (("1.26.0", False), ("2.3.0", True), ("3.0.0", False)):
+        monkeypatch.setattr("afterword.app.tasks.version", lambda _name, v=installed: v)
+        assert mcp_sdk_available() is usable
+
+    def missing(_name: str) -> str:
+        raise PackageNotFoundError("mcp")
+
+    monkeypatch.setattr("afterword.app.tasks.version", missing)
+    assert mcp_sdk_available() is False
+
+
+async def test_the_running_service_applies_host_lease_lapses_itself(tmp_path: Path) -> None:
+    clock = Clock()
+    path = write_config(tmp_path, continuations={"limits": {"taskHostLeaseMs": 1000}})
+    config = afterword.load_config(path, environ=ENV)
+    async with protocol_serving(tmp_path, config=config, clock=clock) as h:
+        run = h.service.begin_run("run-1", CONV, REPLY)
+        cid = (await run.adopt_task(SERVER, HANDLE)).continuation_id
+        clock.offset_ms += 5_000  # the host went silent for five leases
+        with anyio.fail_after(15):
+            while (rec := h.service.repo.get(cid)) is None or rec.state != "dead_lettered":
+                await h.service.work_available.wait(0.05)
+        assert rec.last_error is not None and rec.last_error.code == "task_host_gone"

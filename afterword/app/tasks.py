@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import logging
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 
 import anyio
 
@@ -45,15 +46,15 @@ from .results import Results
 log = logging.getLogger("afterword.tasks")
 
 SDK_EXTRA = "afterword[mcp]"
-# A result this large (canonical bytes) is canonicalized off the event loop.
-ON_THREAD_FROM = 32 * 1024
 
 
 def mcp_sdk_available() -> bool:
-    """Whether the MCP SDK the service's task follower needs can be imported."""
+    """Whether the MCP SDK the service's task follower needs is installed: the 2.x line (the
+    1.x line has no tasks extension). Reads the package's metadata, imports nothing."""
     try:
-        return importlib.util.find_spec("mcp") is not None
-    except (ImportError, ValueError):
+        major = version("mcp").split(".")[0]
+        return major == "2" and importlib.util.find_spec("mcp") is not None
+    except (PackageNotFoundError, ImportError, ValueError):
         return False
 
 
@@ -67,7 +68,7 @@ def task_identity(run_id: str, task_id: str) -> tuple[str, str]:
 def _payload_bytes(payload: dict[str, object]) -> bytes | None:
     try:
         return canonical_json(payload)
-    except NotCanonical:
+    except (NotCanonical, RecursionError):  # no RFC 8785 form, or nested past any sense
         return None
 
 
@@ -94,7 +95,7 @@ class Tasks:
         if entry is not None and entry.transport == "http" and entry.url and is_loopback_url(entry.url):
             if not self.sdk_available():
                 raise Unavailable(
-                    f"following the tasks of the HTTP server {server} needs the MCP SDK: install {SDK_EXTRA}"
+                    f"following the tasks of the HTTP server {server} needs the MCP SDK 2.x: install {SDK_EXTRA}"
                 )
             return "service"
         raise InvalidRequest(
@@ -185,10 +186,9 @@ class Tasks:
         decision = table.decide(rec, outcome, now)
         canonical: bytes | None = None
         if decision.kind == "accept" and decision.payload is not None:
-            if outcome.result is not None and len(str(outcome.result)) > ON_THREAD_FROM:
-                canonical = await anyio.to_thread.run_sync(_payload_bytes, decision.payload)
-            else:
-                canonical = _payload_bytes(decision.payload)
+            # RFC 8785 text is built in Python (tens of ms near the limit): off the event loop.
+            # A task reports its result once, so the thread hop costs nothing that matters.
+            canonical = await anyio.to_thread.run_sync(_payload_bytes, decision.payload)
             if canonical is None:
                 decision = table.TaskDecision(
                     kind="dead_letter",
@@ -234,7 +234,7 @@ class Tasks:
             if rec is None:
                 raise NotFound(f"no continuation {cid}")
             now = self.ledger.clock_ms()
-            # Decided again on the record under its lock: another outcome may have won.
+            # Applied only if the record still waits: another outcome (or expiry) may have won.
             waiting = rec.state == "claimed" and now <= rec.claim.deadline_ms
             new = table.apply(rec, decision, now, result) if waiting else None
             if new is None:
@@ -295,12 +295,16 @@ class Tasks:
         now = self.ledger.clock_ms()
         lease = self.config.limits.task_host_lease_ms
         due = []
+        waiting = set()
         for rec in self.repo.live():
             if rec.task is None or rec.task.follow != "host" or rec.state != "claimed":
                 continue
+            waiting.add(rec.id)
             until = self.host_leases.setdefault(rec.id, now + lease)
             if now >= until:
                 due.append((rec.id, until))
+        for cid in [c for c in self.host_leases if c not in waiting]:
+            del self.host_leases[cid]  # ended some other way (cancelled, expired): no lease left
         gone = []
         for cid, until in due:
 

@@ -18,7 +18,8 @@ or ``failed``             so the answer tells the user it failed
 ``input_required``        dead-lettered, ``tasks/cancel`` owed (one commit)    ``task_input_required``
 ``lost``                  dead-lettered                                        ``task_lost``
 ``protocol_error``        dead-lettered                                        ``task_protocol_error``
-result over the limit     dead-lettered                                        ``task_result_too_large``
+result over the limit,    dead-lettered                                        ``task_result_too_large``
+or ``too_large``
 no host report in lease   dead-lettered (follow ``host`` only)                 ``task_host_gone``
 ========================  ===================================================  ======================
 
@@ -167,6 +168,9 @@ def decide(rec: Continuation, outcome: TaskOutcome, now_ms: int) -> TaskDecision
     if status == "lost":
         why = outcome.message or "the server does not know the task (it lost its state)"
         return TaskDecision(kind="dead_letter", status=status, code="task_lost", message=why)
+    if status == "too_large":
+        why = outcome.message or "the task's answer was too large for its follower to read"
+        return TaskDecision(kind="dead_letter", status=status, code="task_result_too_large", message=why)
     why = outcome.message or "the server kept answering tasks/get with malformed results"
     return TaskDecision(kind="dead_letter", status=status, code="task_protocol_error", message=why)
 

@@ -42,8 +42,11 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 TASK_STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
 # ``lost``: the server answered tasks/get with an error saying it does not know the task.
 # ``protocol_error``: the follower saw malformed answers (or a wrong task id) too many times
-# in a row; it reports this once it gives up (see docs/tasks-bridge.md).
-OutcomeStatus = Literal["working", "input_required", "completed", "failed", "cancelled", "lost", "protocol_error"]
+# in a row; it reports this once it gives up. ``too_large``: the answer was too large for
+# the follower to read at all (see docs/tasks-bridge.md).
+OutcomeStatus = Literal[
+    "working", "input_required", "completed", "failed", "cancelled", "lost", "protocol_error", "too_large"
+]
 OUTCOME_STATUSES: tuple[OutcomeStatus, ...] = get_args(OutcomeStatus)
 Follow = Literal["service", "host"]
 

@@ -11,6 +11,7 @@ from . import channels as ch
 from .channels import Channel
 from .loop import Worker
 from .synth import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
+from .taskfollow import TaskFollower, follows_any, load_wire
 
 
 def synthesizer_from_config(config: Config, environ: Mapping[str, str]) -> Synthesizer:
@@ -68,4 +69,24 @@ def attach_worker(
     return worker
 
 
-__all__ = ["attach_worker", "channels_from_config", "synthesizer_from_config"]
+def attach_task_follower(service: ContinuationService, worker: Worker) -> TaskFollower | None:
+    """The follower of the service's task-backed continuations, sharing ``worker``'s
+    concurrency limit; ``None`` when no selected server is one the service follows (loopback
+    streamable HTTP) or the MCP SDK 2.x line is not installed (then nothing is imported)."""
+    config = service.config
+    if not follows_any(config.mcp_servers, config.continuation_servers):
+        return None
+    wire = load_wire()
+    if wire is None:
+        return None
+    return TaskFollower(
+        service,
+        wire,
+        mcp_servers=config.mcp_servers,
+        limiter=worker.limiter,
+        clock_ms=service.clock_ms,
+        subscribe=service.subscribe,
+    )
+
+
+__all__ = ["attach_task_follower", "attach_worker", "channels_from_config", "synthesizer_from_config"]

@@ -76,9 +76,23 @@ DETACHED_INSTRUCTIONS = (
 )
 
 
+# An MCP task that failed is answered with {"taskFailed": true, "message": ...}
+# (docs/tasks-bridge.md): the answer must say the work failed, not report it as a result.
+TASK_FAILED_KEY = "taskFailed"
+TASK_FAILED_NOTE = (
+    " This result says the task FAILED (\"taskFailed\": true): tell the user plainly that the "
+    "work failed and, if the result gives one, why; do not present it as a successful result."
+)
+
+
+def is_task_failure(payload: Any) -> bool:
+    return isinstance(payload, Mapping) and payload.get(TASK_FAILED_KEY) is True
+
+
 def instructions(request: SynthesisRequest) -> str:
     """The system instruction for ``request``: a reply to a request, or a detached report."""
-    return DETACHED_INSTRUCTIONS if request.origin_context == "detached_latest" else INSTRUCTIONS
+    base = DETACHED_INSTRUCTIONS if request.origin_context == "detached_latest" else INSTRUCTIONS
+    return base + TASK_FAILED_NOTE if is_task_failure(request.payload) else base
 
 
 FRAME_OPEN = "<untrusted_task_result>"
@@ -141,7 +155,9 @@ def _lines(value: Any, indent: str, depth: int) -> list[str]:
 class TemplateSynthesizer:
     """Deterministic, no model: renders the payload into a short answer.
 
-    Reads, in order, the first non-empty string among ``summary``, ``message``, ``text`` and
+    A failed MCP task's payload (``taskFailed: true``) is answered as a failure with its
+    ``message``. Otherwise reads, in order, the first non-empty string among ``summary``,
+    ``message``, ``text`` and
     ``result`` and answers with it on one line. A payload with none of them is rendered as
     readable ``key: value`` lines (nested objects indented, lists as bullets), never as raw
     JSON. ``actionable`` is a control key (``notify_if_actionable`` suppresses a payload whose
@@ -163,6 +179,10 @@ DETACHED_LEAD = "From a background service:"
 
 def render_template(payload: Any, *, detached: bool = False) -> str:
     lead = DETACHED_LEAD if detached else REPLY_LEAD
+    if is_task_failure(payload):
+        why = payload.get("message")
+        reason = why.strip() if isinstance(why, str) and why.strip() else "no reason was given"
+        return f"{lead} the background task failed: {reason}"
     if isinstance(payload, Mapping):
         for key in SUMMARY_KEYS:
             value = payload.get(key)

@@ -1,0 +1,142 @@
+"""What one ``tasks/get`` poll told the follower, read without trusting the server.
+
+The MCP SDK speaks the JSON-RPC; this module only judges the answer it hands back: a task
+state (an :class:`~afterword.protocol.tasks.TaskOutcome` for the service's outcome table), the
+server saying it does not know the task (``lost``), an answer that breaks the protocol (a
+failed poll), or no answer at all (the server is unreachable). No I/O and no SDK import, so
+the judgement is testable on any SDK line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from ..protocol.tasks import TaskOutcome
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "Answer",
+    "Malformed",
+    "Polled",
+    "TooLarge",
+    "Unknown",
+    "Unreachable",
+    "answer_from_error",
+    "answer_from_result",
+    "clip",
+]
+
+MAX_MESSAGE_BYTES = 1024
+# JSON-RPC codes (the SDK's mcp_types names them; repeated here so this module needs no SDK).
+INVALID_PARAMS = -32602  # SEP-2663 servers answer an unknown, expired or foreign task id so
+CONNECTION_CLOSED = -32000
+REQUEST_TIMEOUT = -32001
+INTERNAL_ERROR = -32603  # also the SDK's stand-in for an HTTP 5xx: the server is up but failing
+TRANSIENT_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
+
+
+@dataclass(frozen=True)
+class Polled:
+    """A well-formed answer about our task."""
+
+    outcome: TaskOutcome
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The server says it does not know the task (it lost its state, or the id expired)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """An answer that breaks the protocol: counted as a failed poll."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """No answer (refused, reset, timed out, 5xx): retried with backoff until the deadline."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """The answer was longer than the follower reads; reading stopped at ``limit`` bytes."""
+
+    limit: int
+
+
+Answer = Polled | Unknown | Malformed | Unreachable | TooLarge
+
+
+class _Task(msgspec.Struct, kw_only=True, rename="camel"):
+    # Unknown fields (createdAt, _meta, ...) are the server's business: not forbidden here.
+    task_id: str
+    status: Literal["working", "input_required", "completed", "failed", "cancelled"]
+    status_message: str | None = None
+    poll_interval_ms: int | float | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary."""
+    data = text.encode("utf-8", "replace")  # a lone surrogate (JSON allows one) becomes "?"
+    if len(data) <= limit:
+        return data.decode("utf-8")
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def _interval(value: int | float | None) -> int | None:
+    if value is None:
+        return None
+    if value != value or value < 0:  # NaN or negative: no usable hint
+        return 0
+    return int(min(value, 2**53))
+
+
+def _failure_message(task: _Task) -> str:
+    if task.error is not None and isinstance(task.error.get("message"), str) and task.error["message"]:
+        return clip(task.error["message"])
+    if task.status_message:
+        return clip(task.status_message)
+    return "the task failed"
+
+
+def answer_from_result(raw: Any, task_id: str) -> Answer:
+    """Judge a ``tasks/get`` result (the decoded JSON object) for the task ``task_id``."""
+    try:
+        task = msgspec.convert(raw, _Task)
+    except msgspec.ValidationError as exc:
+        return Malformed(clip(f"tasks/get answer does not match the tasks schema: {exc}", 200))
+    if task.task_id != task_id:
+        return Malformed("tasks/get answered about a different task id")
+    interval = _interval(task.poll_interval_ms)
+    if task.status == "completed":
+        if task.result is None:
+            return Malformed("a completed task's answer carries no result")
+        return Polled(TaskOutcome(status="completed", result=task.result, poll_interval_ms=interval))
+    if task.status == "failed":
+        return Polled(
+            TaskOutcome(
+                status="failed", result=task.result, message=_failure_message(task), poll_interval_ms=interval
+            )
+        )
+    message = clip(task.status_message) if task.status_message else None
+    return Polled(TaskOutcome(status=task.status, message=message, poll_interval_ms=interval))
+
+
+def answer_from_error(code: int, message: str) -> Answer:
+    """Judge a JSON-RPC error the SDK raised for ``tasks/get``."""
+    if code == INVALID_PARAMS:
+        return Unknown(clip(message or "the server does not know this task"))
+    if code in TRANSIENT_CODES:
+        return Unreachable(clip(f"error {code}: {message}", 200))
+    return Malformed(clip(f"tasks/get refused with error {code}: {message}", 200))
