@@ -107,6 +107,9 @@ FAULT = {
         "afterword.worker.errors.UnconfirmedDeliveryError",
         "afterword.worker.errors.SynthesisError",
         "afterword.clients.producer.ServiceUnavailable",
+        "afterword.clients.mcp_sdk.TaskUnknown",
+        "afterword.clients.mcp_sdk.TaskChannelClosed",
+        "afterword.clients.mcp_task_wire.MalformedTask",
     ],
 }
 

@@ -233,3 +233,26 @@ async def test_loopback_http_server_claims_per_request(tmp_path: Path, http_serv
             assert rec.claim.run_id == f"run-{job}"
         assert service.continuation_health().status == "healthy"
     assert sorted(line["conversationId"] for line in outbox_lines(config)) == ["local:alpha", "local:beta"]
+
+
+@pytest.mark.anyio
+async def test_a_task_host_changes_nothing_for_a_claiming_server_on_either_sdk_line(tmp_path: Path) -> None:
+    """With a TaskHost (MCP Tasks, docs/mcp.md) the helpers still run an ordinary claiming
+    server: on 2.x the server is offered the tasks extension and ignores it, on 1.x nothing is
+    declared at all; the tool call claims and the answer is delivered either way."""
+    from afterword.mcp_host import TaskHost, call_tool
+
+    servers = {"work-control": {"command": sys.executable, "args": [EXAMPLE]}}
+    config = load(write_config(tmp_path, servers=servers))
+    async with afterword.open_service(config, environ=ENV) as service, TaskHost(service) as tasks:
+        assert tasks.declares == (sdk_line() == 2)
+        recorder = Recorder(service)
+        binding = service.begin_run("run-th", "local:th#2030-01-01", "local:th")
+        async with connect_servers(binding, config, ["work-control"], tasks=tasks) as sessions:
+            result = await call_tool(sessions["work-control"], "start_job", {"job": "compact", "seconds": 0.2})
+            assert text_of(result).startswith("accepted"), text_of(result)
+            cid = continuation_id(text_of(result))
+            await settle_run(binding, history("compact"))
+            rec = await recorder.delivered(cid)
+        check_delivery(config, cid, rec, "local:th", "compact")
+        assert tasks.following == frozenset()

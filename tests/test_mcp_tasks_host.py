@@ -66,9 +66,12 @@ class Reporter:
     """Records reports; answers ``cancel`` once asked to, like the service after a cancel."""
 
     cancel: bool = False
+    broken: str | None = None  # a continuation whose reports raise an unexpected error
     reports: list[tuple[str, TaskOutcome]] = field(default_factory=list)
 
     async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
+        if cid == self.broken:
+            raise RuntimeError("a bug on the reporting side")
         self.reports.append((cid, outcome))
         if self.cancel:
             return TaskReport(state="cancelled", cancel=True)
@@ -295,3 +298,68 @@ async def test_leaving_the_task_host_stops_following(world: World) -> None:
     await anyio.sleep(0.6)  # more than two poll intervals: nobody polls any more
     assert len(reporter.reports) == reported
     assert all(o.status == "working" for _, o in reporter.reports)
+
+
+@pytest.mark.anyio
+async def test_a_server_that_cannot_start_fails_its_turn_not_the_task_host(
+    world: World, tmp_path: Path
+) -> None:
+    binding, reporter = Binding(), Reporter()
+    (tmp_path / "broken").mkdir()
+    broken = {"work-control": {"command": sys.executable, "args": ["-c", "raise SystemExit(3)"]}}
+    bad_config = load(write_config(tmp_path / "broken", servers=broken))
+    with pytest.raises(Exception) as plain:
+        async with connect_servers(binding, bad_config):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(Exception) as hosted:
+        async with TaskHost(reporter) as tasks, connect_servers(binding, bad_config, tasks=tasks):  # type: ignore[arg-type]
+            pass
+    assert leaves(hosted.value) == leaves(plain.value)  # the same error, no extra wrapping
+    async with TaskHost(reporter) as tasks:
+        with pytest.raises(Exception):  # noqa: B017
+            async with connect_servers(binding, bad_config, tasks=tasks):  # type: ignore[arg-type]
+                pass
+        # The TaskHost is still serving: the next turn works.
+        async with turn(world, binding, tasks) as sessions:
+            outcome = tool_outcome(
+                await call_tool(sessions["work-control"], "job", {"key": world.key("a"), "text": "x"})
+            )
+        assert not outcome.failed
+
+
+def leaves(exc: BaseException) -> list[str]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [f"{type(exc).__name__}/{leaf}" for sub in exc.exceptions for leaf in leaves(sub)]
+    return [repr(exc)]
+
+
+@pytest.mark.anyio
+async def test_one_task_failing_to_report_does_not_stop_the_others(world: World) -> None:
+    binding, reporter = Binding(), Reporter(broken="c_1")
+    async with TaskHost(reporter) as tasks:
+        async with turn(world, binding, tasks) as sessions:
+            for key in ("a", "b"):
+                await call_tool(sessions["work-control"], "job", {"key": world.key(key), "text": key})
+        world.open_gate("a")
+        world.open_gate("b")
+        await until(lambda: not tasks.following)
+    assert {(cid, o.status) for cid, o in reporter.reports if o.status != "working"} == {("c_2", "completed")}
+
+
+@pytest.mark.anyio
+async def test_a_server_asking_for_rare_polls_still_gets_polled_within_the_renewal_bound(
+    world: World,
+) -> None:
+    """pollIntervalMs of 10^9: clamped to 60 s by the cadence, and to ``renew_every_s`` so that
+    the host's reports keep renewing its lease."""
+    binding, reporter = Binding(), Reporter()
+    async with TaskHost(reporter, renew_every_s=0.3) as tasks:
+        async with turn(world, binding, tasks) as sessions:
+            args = {"key": world.key("slow"), "text": "x", "poll_ms": 10**9}
+            await call_tool(sessions["work-control"], "job", args)
+        ((_, handle),) = binding.adopted
+        assert handle.poll_interval_ms == 10**9
+        await until(lambda: len(reporter.reports) >= 3)
+    assert all(o.status == "working" and o.poll_interval_ms == 10**9 for _, o in reporter.reports)
+    with pytest.raises(ValueError):
+        TaskHost(reporter, renew_every_s=0)

@@ -220,3 +220,19 @@ async def test_answers_about_another_task_end_as_a_protocol_error(tmp_path: Path
             rec = await wait_record(x, cid, "dead_lettered")
         assert rec.last_error is not None and rec.last_error.code == "task_protocol_error"
     assert [r["method"] for r in records(tmp_path, SERVER)].count("tasks/get") == 5
+
+
+async def test_a_result_too_large_ends_visibly(host: Callable[..., Any], tmp_path: Path) -> None:
+    """5 MiB of result: embedded, the service's payload limit dead-letters it; over HTTP the
+    report is past the route's body limit (413), so the host reports ``too_large`` instead.
+    Either way the continuation ends ``task_result_too_large`` and nothing is delivered."""
+    async with host() as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            await call_tool(sessions[SERVER], "job", {"key": "big", "text": "x", "pad": 5 * 1024 * 1024})
+        (cid,) = tasks.following
+        await settle_run(run, ORIGIN)
+        opened(tmp_path, "big")
+        rec = await wait_record(x, cid, "dead_lettered")
+        assert rec.last_error is not None and rec.last_error.code == "task_result_too_large"
+        assert x.h.synth.requests == []

@@ -24,6 +24,7 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field
 
+from ..errors import AfterwordError
 from .mcp_sdk import HandleCallback, RequestHook, TaskChannelClosed, TaskUnknown
 
 LINE = 2
@@ -91,7 +92,7 @@ async def call_tool(
         return resolved.result
 
 
-class _Resolved(Exception):
+class _Resolved(AfterwordError):
     """Carries the tool result made for a task handle past ``Client.call_tool``, which would
     check it against the tool's output schema: that schema describes the answer that will
     follow, not the acceptance note the model reads now."""

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import anyio
 
@@ -209,7 +209,7 @@ async def open_session(
             options["extensions"] = [*options.get("extensions", ()), *extensions]
         return _start(binding, server, errlog, read_timeout, options)
 
-    adopter = cast(TaskAdopting, binding) if _selected(binding, server) else None
+    adopter: TaskAdopting | None = binding if _selected(binding, server) else None
     async with tasks.session(server.name, opener, adopter) as session:
         yield session
 

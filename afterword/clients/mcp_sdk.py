@@ -17,7 +17,7 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
-from ..errors import StateError
+from ..errors import RemoteError, StateError
 
 if TYPE_CHECKING:
     import httpx
@@ -47,11 +47,11 @@ RequestHook = Callable[[Any], Awaitable[None]]
 HandleCallback = Callable[[dict[str, Any], str], Awaitable[tuple[str, bool]]]
 
 
-class TaskUnknown(Exception):
+class TaskUnknown(RemoteError):
     """``tasks/get`` was refused as naming no task the server knows (it lost its state)."""
 
 
-class TaskChannelClosed(Exception):
+class TaskChannelClosed(RemoteError):
     """The session a task is followed over has ended (a stdio server exited)."""
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..continuations.errors import InvalidRequest
-from ..errors import AfterwordError
+from ..errors import RemoteError
 from ..protocol.tasks import MAX_TASK_ID as TASK_ID_MAX
 from ..protocol.tasks import MAX_TASK_MESSAGE as MESSAGE_MAX
 from ..protocol.tasks import TASK_STATUSES as _TASK_STATES
@@ -22,7 +22,7 @@ from ..protocol.tasks import TaskHandle, TaskOutcome, check_handle
 __all__ = ["MalformedTask", "accepted_text", "read_handle", "read_outcome"]
 
 
-class MalformedTask(AfterwordError):
+class MalformedTask(RemoteError):
     """A task handle or a ``tasks/get`` answer that breaks the protocol (the server's fault).
     The message names the field, never its value."""
 

@@ -56,9 +56,18 @@ _sdk = load()
 PROTOCOL_ERROR_LIMIT = 5
 REQUEST_TIMEOUT_S = 30.0
 CANCEL_TIMEOUT_S = 10.0
+# The longest wait between two polls (so between two reports) of one task: a third of the
+# service's default host lease (taskHostLeaseMs, 60 s), so the reports on a task whose server
+# asks to be polled rarely keep renewing the lease, and a failed poll is retried well within it.
+RENEW_EVERY_S = 20.0
 
-_TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost"})
+_TERMINAL_TASK = frozenset({"completed", "failed", "cancelled", "lost", "protocol_error", "too_large"})
 _TERMINAL_RECORD = frozenset({"delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered"})
+_TOO_LARGE = "the task's result is larger than the host API accepts"
+
+
+class _Refused(AfterwordError):
+    """The service will never take this report (an internal signal of the follow loop)."""
 
 
 class TaskAdopting(Protocol):
@@ -111,12 +120,22 @@ class TaskHost:
     ``reporter`` hears each host-followed outcome: the embedded ``ContinuationService`` or a
     ``HostClient`` (``POST /v1/host/continuations/{cid}/task-outcome``). Use it as an async
     context manager that lives as long as the host, and pass it to
-    ``connect_servers(..., tasks=...)`` on each turn.
+    ``connect_servers(..., tasks=...)`` on each turn. ``renew_every_s`` bounds the wait between
+    two polls of a task: keep it under a third of ``continuations.limits.taskHostLeaseMs``.
     """
 
-    def __init__(self, reporter: TaskReporting, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        reporter: TaskReporting,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        renew_every_s: float = RENEW_EVERY_S,
+    ) -> None:
+        if not renew_every_s > 0 or not request_timeout_s > 0:
+            raise ValueError("renew_every_s and request_timeout_s must be positive")
         self._reporter = reporter
         self._timeout = request_timeout_s
+        self._renew_s = renew_every_s
         self._tg: TaskGroup | None = None
         self._leases: dict[int, _Lease] = {}
         self._following: set[str] = set()
@@ -144,13 +163,19 @@ class TaskHost:
         self._tg = await self._cm.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         assert self._tg is not None
         # Leaving stops every follow and closes every session: what is left unreported falls
         # to the service's host-lease rule (task_host_gone).
         self._tg.cancel_scope.cancel()
         try:
-            return await self._cm.__aexit__(*exc)
+            return await self._cm.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The host's own error, raised inside this block, reaches it as it was raised, not
+            # wrapped in a group by our task group.
+            if exc is not None and group.exceptions == (exc,):
+                raise exc from None
+            raise
         finally:
             self._tg = None
 
@@ -247,6 +272,10 @@ class TaskHost:
     async def _follow(self, lease: _Lease, cid: str, handle: TaskHandle) -> None:
         try:
             await self._poll_until_done(lease, cid, handle)
+        except Exception:
+            # One task's failure must not stop the others or close the host's sessions; this
+            # one's continuation is left to the host lease (task_host_gone).
+            log.exception("following continuation %s failed; its host lease will decide", cid)
         finally:
             self._following.discard(cid)
             lease.following -= 1
@@ -259,7 +288,7 @@ class TaskHost:
         first = handle.status != "working"
         while True:
             if not first:
-                await anyio.sleep(_poll_delay_s(interval, failures))
+                await anyio.sleep(min(_poll_delay_s(interval, failures), self._renew_s))
             first = False
             try:
                 raw = await _sdk.get_task(lease.session, handle.task_id, self._timeout)
@@ -290,13 +319,13 @@ class TaskHost:
             if outcome.poll_interval_ms is not None:
                 interval = outcome.poll_interval_ms
             try:
-                report = await self._reporter.report_task_outcome(cid, outcome)
-            except (RemoteError, E.ContinuationError) as exc:
-                if _retryable(exc):
-                    failures += 1  # the service is unreachable or busy: poll again, report then
-                    continue
-                log.warning("continuation %s refused a task outcome (%s); following stops", cid, _code(exc))
+                report = await self._report(cid, outcome)
+            except _Refused as refused:
+                log.warning("continuation %s refused a task outcome (%s); following stops", cid, refused)
                 return
+            if report is None:
+                failures += 1  # the service is unreachable or busy: poll again, report then
+                continue
             self.reported += 1
             failures = 0
             if report.cancel:
@@ -304,6 +333,22 @@ class TaskHost:
                 return
             if outcome.status in _TERMINAL_TASK or report.state in _TERMINAL_RECORD:
                 return
+
+    async def _report(self, cid: str, outcome: TaskOutcome) -> TaskReport | None:
+        """The service's answer; None when it may take the report later (unreachable, busy).
+        Raises :class:`_Refused` when it never will."""
+        try:
+            return await self._reporter.report_task_outcome(cid, outcome)
+        except E.RequestTooLarge:
+            if outcome.status == "too_large":
+                raise _Refused("too_large") from None
+            # The result is bigger than the host API's body limit: say so instead, so the
+            # continuation ends task_result_too_large rather than waiting for the lease.
+            return await self._report(cid, TaskOutcome(status="too_large", message=_TOO_LARGE))
+        except (RemoteError, E.ContinuationError) as exc:
+            if _retryable(exc):
+                return None
+            raise _Refused(_code(exc)) from None
 
     async def _cancel(self, lease: _Lease, task_id: str) -> None:
         """``tasks/cancel``, best effort and bounded: a failure is logged, never raised."""

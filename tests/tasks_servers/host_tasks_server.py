@@ -96,9 +96,12 @@ class HostTasks(Extension):
                 **self._fields(params.task_id, "failed"),
                 "error": {"code": -32603, "message": f"{task['key']} broke"},
             }
+        structured: dict[str, Any] = {"job": task["text"], "finished": True}
+        if task["pad"]:
+            structured["log"] = "." * task["pad"]
         result = {
             "content": [{"type": "text", "text": f"{task['text']} finished"}],
-            "structuredContent": {"job": task["text"], "finished": True},
+            "structuredContent": structured,
             "isError": False,
         }
         return {"resultType": "complete", **self._fields(params.task_id, "completed"), "result": result}
@@ -127,6 +130,7 @@ class HostTasks(Extension):
             "text": str(args.get("text", "")),
             "poll": int(args.get("poll_ms", 50)),
             "wrong_id": bool(args.get("wrong_id", False)),
+            "pad": int(args.get("pad", 0)),  # a huge result: bytes of log in structuredContent
             "cancelled": False,
         }
         return {"resultType": "task", **self._fields(task_id, "working")}
@@ -151,7 +155,7 @@ def build(record: Path, gates: Path) -> MCPServer:
     server = MCPServer("host-tasks", extensions=[HostTasks(record, gates)])
 
     @server.tool()
-    def job(key: str, text: str = "", poll_ms: int = 50, wrong_id: bool = False) -> str:
+    def job(key: str, text: str = "", poll_ms: int = 50, wrong_id: bool = False, pad: int = 0) -> str:
         """Run a job (as a task when the client declared the tasks extension)."""
         return f"{text} ran inline"
 
