@@ -9,6 +9,7 @@ servers by the service's own follower. Every step is gated: no sleep orders anyt
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _service import ENV, load, outbox_lines, write_config
+from _service import ENV, free_port, load, outbox_lines, write_config
 
 from afterword.clients.mcp_sdk import installed_line
 
@@ -29,7 +30,7 @@ pytestmark = [
 ]
 
 if installed_line() == 2:
-    from _tasks_client import open_gate
+    from _tasks_client import http_server, open_gate
     from tasks_servers._gate import events
 
     import afterword
@@ -178,7 +179,9 @@ async def test_a_cancelled_task_cancels_the_continuation(tmp_path: Path, gates: 
         assert b.delivered_lines(cid) == []
 
 
-async def test_input_required_is_cancelled_at_the_server_and_dead_lettered(tmp_path: Path, gates: Path) -> None:
+async def test_input_required_is_cancelled_at_the_server_and_dead_lettered(
+    tmp_path: Path, gates: Path
+) -> None:
     async with bridge(tmp_path, {"ask": stdio("input_server", gates)}) as b:
         cid = await b.turn("ask", "input_ask", {"key": "q"})
         rec = await b.ended(cid)
@@ -257,10 +260,163 @@ async def test_operator_cancel_sends_tasks_cancel_to_the_server(tmp_path: Path, 
         assert b.record(cid).state == "cancelled" and b.delivered_lines(cid) == []
 
 
-async def test_a_zero_poll_interval_is_clamped_and_the_task_still_answers(tmp_path: Path, gates: Path) -> None:
+async def test_a_zero_poll_interval_is_clamped_and_the_task_still_answers(
+    tmp_path: Path, gates: Path
+) -> None:
     async with bridge(tmp_path, {"bad": stdio("hostile_server", gates)}) as b:
         cid = await b.turn("bad", "hostile_task", {"key": "z", "mode": "poll_zero"})
         open_gate(gates, "z", {"text": "zero is fine"})
         rec = await b.ended(cid)
         assert rec.state == "delivered" and payload(rec) == {"key": "z", "answer": "zero is fine"}
 
+
+# -- followed by the service (loopback HTTP servers) --------------------------------------------
+
+
+@asynccontextmanager
+async def served(
+    tmp_path: Path, gates: Path, name: str, *extra: str, limits: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[Bridge, int]]:
+    """A test server on loopback HTTP, selected as ``web``; the service follows its tasks."""
+    port = free_port()
+    with http_server(name, gates, port, *extra):
+        async with bridge(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}, limits) as b:
+            yield b, port
+
+
+async def server_saw(b: Bridge, event: str) -> list[dict[str, Any]]:
+    with anyio.fail_after(WAIT_S):
+        while not (seen := b.server_events(event)):
+            await anyio.sleep(0.02)
+    return seen
+
+
+async def test_service_follows_fastmcp_over_http_to_one_delivery(tmp_path: Path, gates: Path) -> None:
+    async with served(tmp_path, gates, "fastmcp_server", "--poll-ms", "20") as (b, _):
+        cid = await b.turn("web", "fastmcp_work", {"key": "w"})
+        rec = b.record(cid)
+        assert rec.task is not None and rec.task.follow == "service"
+        open_gate(gates, "w", {"status": "completed", "text": "followed by afterword"})
+        rec = await b.ended(cid)
+        assert rec.state == "delivered" and payload(rec) == {"key": "w", "answer": "followed by afterword"}
+        assert len(b.delivered_lines(cid)) == 1
+        assert b.tasks.following == frozenset()  # the host polled nothing
+
+
+@pytest.mark.parametrize(
+    ("gate", "state", "code"),
+    [
+        ({"status": "failed", "message": "disk full"}, "delivered", "task_failed"),
+        ({"status": "cancelled"}, "cancelled", "task_cancelled"),
+        ({"status": "forget"}, "dead_lettered", "task_lost"),
+    ],
+    ids=["failed", "cancelled", "lost"],
+)
+async def test_service_followed_endings(
+    tmp_path: Path, gates: Path, gate: dict[str, Any], state: str, code: str
+) -> None:
+    async with served(tmp_path, gates, "sdk_server") as (b, _):
+        cid = await b.turn("web", "sdk_work", {"key": "e"})
+        open_gate(gates, "e", gate)
+        rec = await b.ended(cid)
+        assert rec.state == state
+        assert code in [step.error for step in rec.history]
+        assert len(b.delivered_lines(cid)) == (1 if state == "delivered" else 0)
+
+
+async def test_service_followed_input_required_cancels_at_the_server(tmp_path: Path, gates: Path) -> None:
+    async with served(tmp_path, gates, "input_server") as (b, _):
+        cid = await b.turn("web", "input_ask", {"key": "q"})
+        rec = await b.ended(cid)
+        assert rec.state == "dead_lettered"
+        assert rec.last_error is not None and rec.last_error.code == "task_input_required"
+        (cancel,) = await server_saw(b, "cancel")
+        assert (cancel["key"], cancel["was"]) == ("q", "input_required")
+
+
+async def test_a_restarted_server_that_forgot_the_task_makes_it_task_lost(
+    tmp_path: Path, gates: Path
+) -> None:
+    port = free_port()
+    with http_server("lost_server", gates, port):
+        async with bridge(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}) as b:
+            cid = await b.turn("web", "lost_work", {"key": "r"})
+            assert b.record(cid).state == "claimed"
+    with http_server("lost_server", gates, port):  # the same address, an empty memory
+        async with bridge(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}) as b:
+            rec = await b.ended(cid)
+    assert rec.state == "dead_lettered"
+    assert rec.last_error is not None and rec.last_error.code == "task_lost"
+
+
+@pytest.mark.parametrize(
+    ("mode", "code"), [("huge", "task_result_too_large"), ("wrong_id", "task_protocol_error")]
+)
+async def test_service_followed_hostile_answers(tmp_path: Path, gates: Path, mode: str, code: str) -> None:
+    async with served(tmp_path, gates, "hostile_server") as (b, _):
+        cid = await b.turn("web", "hostile_task", {"key": mode, "mode": mode, "size": 3 * 1024 * 1024})
+        open_gate(gates, mode)
+        rec = await b.ended(cid)
+        assert rec.state == "dead_lettered" and rec.result is None
+        assert rec.last_error is not None and rec.last_error.code == code
+
+
+async def test_an_unreachable_server_expires_at_the_deadline(tmp_path: Path, gates: Path) -> None:
+    port = free_port()
+    limits = {"taskDeadlineMs": 3000}
+    with http_server("sdk_server", gates, port) as proc:
+        async with bridge(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}, limits) as b:
+            cid = await b.turn("web", "sdk_work", {"key": "u"})
+            proc.kill()  # nobody answers tasks/get any more
+            proc.wait()
+            rec = await b.ended(cid)
+            assert rec.state == "expired" and b.delivered_lines(cid) == []
+
+
+async def test_operator_cancel_of_a_service_followed_task_sends_tasks_cancel(
+    tmp_path: Path, gates: Path
+) -> None:
+    async with served(tmp_path, gates, "sdk_server") as (b, _):
+        cid = await b.turn("web", "sdk_work", {"key": "x"})
+        assert (await b.service.cancel_continuation(cid)).state == "cancelled"
+        (cancel,) = await server_saw(b, "cancel")
+        assert (cancel["key"], cancel["was"]) == ("x", "working")
+        with anyio.fail_after(WAIT_S):
+            while (task := b.record(cid).task) is None or task.cancel_ok is None:
+                await anyio.sleep(0.02)
+        assert task.cancel_ok is True
+        open_gate(gates, "x")
+        assert b.record(cid).state == "cancelled" and b.delivered_lines(cid) == []
+
+
+async def test_a_zero_poll_interval_is_clamped_by_the_service(tmp_path: Path, gates: Path) -> None:
+    async with served(tmp_path, gates, "sdk_server", "--poll-ms", "0", "--record-polls") as (b, _):
+        cid = await b.turn("web", "sdk_work", {"key": "z"})
+        with anyio.fail_after(WAIT_S):
+            while len(b.server_events("get")) < 4:
+                await anyio.sleep(0.02)
+        open_gate(gates, "z")
+        assert (await b.ended(cid)).state == "delivered"
+    at = [e["at"] for e in b.server_events("get")]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(at)]
+    assert min(gaps[:3]) >= 0.2  # clamped to 250 ms, not a tight loop (a lower bound only)
+
+
+async def test_after_a_restart_the_service_polls_at_once_despite_a_huge_interval(
+    tmp_path: Path, gates: Path
+) -> None:
+    """pollIntervalMs 10^9 is clamped to 60 s; a restarted service polls every followed task at
+    once, so the task's end is seen right after the restart, not a minute later."""
+    port = free_port()
+    servers = {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}
+    with http_server("hostile_server", gates, port):
+        async with bridge(tmp_path, servers) as b:
+            cid = await b.turn("web", "hostile_task", {"key": "slow", "mode": "poll_huge"})
+        open_gate(gates, "slow", {"text": "seen after the restart"})
+        async with bridge(tmp_path, servers) as b:
+            rec = await b.ended(cid)
+            assert rec.state == "delivered" and payload(rec) == {
+                "key": "slow",
+                "answer": "seen after the restart",
+            }
+            assert len(b.delivered_lines(cid)) == 1
