@@ -32,10 +32,12 @@ def test_demo_tasks_delivers_the_tasks_answer_exactly_once(tmp_path: Path) -> No
     cid = re.search(r"write_report returned: Accepted: .*\(continuation (c_[a-z0-9]+)\)", out)
     assert cid, out
     steps = [
-        "report-tasks started via the MCP SDK 2.x",
+        "report-tasks (examples/tasks_server.py) serves MCP Tasks at http://127.0.0.1:",
+        "report-tasks started via the MCP SDK 2.x (streamable HTTP",
         "model calls write_report(",
         f"{cid[1]}: claimed (origin pending, mode reply)",
         "origin activated",
+        f"{cid[1]}: task-backed continuation, followed by the service (afterword polls tasks/get itself)",
         f"{cid[1]}: result_received",
         f"{cid[1]}: delivered (origin pinned, mode reply)",
         "Delivered to demo:chat-7:",

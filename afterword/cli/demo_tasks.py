@@ -45,7 +45,7 @@ from .demo import (
 )
 
 SERVER = "report-tasks"
-FOLLOW = "host"
+FOLLOW = "service"
 CONVERSATION = "demo:chat-7"
 
 
@@ -123,9 +123,14 @@ async def _turn(
     seen: list[str] = []
 
     async def until(settlement: Settlement) -> None:
-        # The task is followed by the service, not the host: the host may stop at once; the
-        # demo waits for the answer only to show it.
+        # A service-followed task needs nothing more from the host; the demo waits for the
+        # answer only to show it.
         seen.extend(cid for cid in settlement.active_claims if cid not in seen)
+        for cid in seen:
+            rec = service.repo.get(cid)
+            follow = rec.task.follow if rec is not None and rec.task is not None else "nobody"
+            who = "afterword polls tasks/get itself" if follow == "service" else "the host polls tasks/get"
+            display.step("task", f"{cid}: task-backed continuation, followed by the {follow} ({who})")
         for cid in seen:
             await display.wait(cid)
 
