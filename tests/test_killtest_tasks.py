@@ -85,3 +85,18 @@ def test_a_forgotten_runs_fallback_answer_is_not_misdelivered() -> None:
     lines = [_line("c1", "I could not finish answering this request.")]
     judge_tasks(report, {"task-1": {"c1"}}, {"task-1": _delivered("c1")}, lines, (), forgotten=["task-1"])
     assert report.ok and report.runs_forgotten == 1
+
+
+@pytest.mark.slow
+def test_tasks_finishing_while_afterword_is_down_starting_or_polling_are_answered_once(tmp_path: Path) -> None:
+    """Five SIGKILLs of a real ``afterword serve`` following a real Tasks server's tasks."""
+    from tools.killtest.tasks import run_tasks_killtest
+
+    report = run_tasks_killtest(kills=5, seed=7, workdir=str(tmp_path), interval=(0.3, 0.9))
+    assert report.ok, report.problems
+    assert (report.kills, report.lost, report.duplicated, report.stuck, report.misdelivered) == (5, 0, 0, 0, 0)
+    assert report.adopted >= 5 and report.continuations_per_task == {"1": report.adopted}
+    # every adopted task ended: delivered once, or visibly (a dead letter with its cause)
+    assert sum(report.outcomes.values()) == report.adopted
+    assert report.outbox_lines == report.outcomes.get("delivered", 0)
+    assert set(report.gates_opened) <= {"down", "starting", "polling", "end"}
