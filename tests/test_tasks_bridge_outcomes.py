@@ -218,6 +218,7 @@ async def test_a_result_over_the_limit_is_dead_lettered_too_large(tmp_path: Path
         assert rec.last_error is not None and rec.last_error.code == "task_result_too_large"
 
 
+@pytest.mark.slow  # five bad answers with backoff between them
 @pytest.mark.parametrize("mode", ["wrong_id", "malformed_get"])
 async def test_answers_about_another_task_or_malformed_end_in_a_protocol_error(
     tmp_path: Path, gates: Path, mode: str
@@ -334,6 +335,7 @@ async def test_service_followed_input_required_cancels_at_the_server(tmp_path: P
         assert (cancel["key"], cancel["was"]) == ("q", "input_required")
 
 
+@pytest.mark.slow  # two server starts and two service opens
 async def test_a_restarted_server_that_forgot_the_task_makes_it_task_lost(
     tmp_path: Path, gates: Path
 ) -> None:
@@ -361,6 +363,7 @@ async def test_service_followed_hostile_answers(tmp_path: Path, gates: Path, mod
         assert rec.last_error is not None and rec.last_error.code == code
 
 
+@pytest.mark.slow  # waits out a 3 s deadline
 async def test_an_unreachable_server_expires_at_the_deadline(tmp_path: Path, gates: Path) -> None:
     port = free_port()
     limits = {"taskDeadlineMs": 3000}
@@ -402,6 +405,7 @@ async def test_a_zero_poll_interval_is_clamped_by_the_service(tmp_path: Path, ga
     assert min(gaps[:3]) >= 0.2  # clamped to 250 ms, not a tight loop (a lower bound only)
 
 
+@pytest.mark.slow  # two service opens
 async def test_after_a_restart_the_service_polls_at_once_despite_a_huge_interval(
     tmp_path: Path, gates: Path
 ) -> None:
