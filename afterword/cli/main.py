@@ -37,6 +37,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = resolve_config(args.config)
     if not config.enabled:
         raise CliError("continuations are disabled in this configuration (continuations.enabled is false)", 2)
+    # `python -m afterword` restores SIGPIPE's default action so a verb piped into `head` ends
+    # quietly. A server must not: a write to a socket its peer already closed (a client gone, a
+    # Tasks server that dropped the connection the follower polls on) would kill the process
+    # instead of raising an error for that one connection. The kill test found it.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     return anyio.run(serve, config, args.outbox)
 
 
