@@ -163,7 +163,7 @@ async def test_a_failed_task_is_answered_as_failed(
         assert payload(rec) == {"taskFailed": True, "message": "disk full"}
         assert "task_failed" in [step.error for step in rec.history]  # the cause, in the trail
         (line,) = b.delivered_lines(cid)
-        assert "disk full" in line["text"]
+        assert "disk full" in line["text"] and "failed" in line["text"]  # the user is told it failed
 
 
 # -- ending rows ---------------------------------------------------------------------------------
@@ -322,7 +322,9 @@ async def test_service_followed_endings(
         rec = await b.ended(cid)
         assert rec.state == state
         assert code in [step.error for step in rec.history]
-        assert len(b.delivered_lines(cid)) == (1 if state == "delivered" else 0)
+        lines = b.delivered_lines(cid)
+        assert len(lines) == (1 if state == "delivered" else 0)
+        assert all("failed: disk full" in line["text"] for line in lines)
 
 
 async def test_service_followed_input_required_cancels_at_the_server(tmp_path: Path, gates: Path) -> None:
