@@ -10,6 +10,7 @@ service's clock (``refresh``/``poll_due``) for the timing rows, so no test waits
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ require_sdk2()
 
 import anyio  # noqa: E402
 import pytest  # noqa: E402
+from _cli import Server  # noqa: E402
 from _service import ENV, outbox_lines, write_config  # noqa: E402
 from tasks_servers.inproc_sdk_server import TaskBook, serving  # noqa: E402
 from test_host_binding import CONV, ORIGIN, REPLY  # noqa: E402
@@ -28,6 +30,8 @@ from test_http_protocol import Clock  # noqa: E402
 
 import afterword  # noqa: E402
 from afterword.app.service import ContinuationService, wall_clock_ms  # noqa: E402
+from afterword.clients.host import HostClient  # noqa: E402
+from afterword.clients.operator import read_host_token  # noqa: E402
 from afterword.protocol.tasks import TaskHandle  # noqa: E402
 from afterword.worker import compose  # noqa: E402
 from afterword.worker.taskfollow import TaskFollower, load_wire  # noqa: E402
@@ -176,6 +180,20 @@ async def test_unreachable_until_the_deadline_expires_and_owes_a_cancel(tmp_path
     assert book.cancels == [task_id] and rec.task.cancel_ok is True
 
 
+async def test_a_server_that_never_listens_leaves_the_deadline_to_expire_it(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/mcp"
+        clock = Clock()
+        async with service_for(tmp_path, url, clock=clock) as service:
+            cid = await adopt(service, "task-1", ttl=60_000)
+            clock.offset_ms += 61_000
+            service.work_available.set()
+            rec = await until(service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None)
+    assert rec.last_error is not None and rec.last_error.code == "expired"
+    assert rec.task.cancel_ok is False and "ConnectError" in rec.task.cancel_detail
+
+
 # -- stepped on the service's clock -----------------------------------------------------------
 async def test_a_refused_cancel_is_recorded_and_not_sent_again(tmp_path: Path) -> None:
     book = TaskBook()
@@ -315,6 +333,59 @@ async def test_configured_headers_are_sent_and_never_logged(
     assert [h.get("authorization") for h in book.headers] == [secret, secret]
     assert book.cancels == [task_id]
     assert caplog.records and secret not in caplog.text and "s3cr3t" not in caplog.text
+
+
+@pytest.mark.parametrize("secret", ["Bearer s3cr3t-0123456789", "opaque-key-42"])
+async def test_a_server_echoing_its_credentials_gets_them_redacted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, secret: str
+) -> None:
+    book = TaskBook()
+    lost, refusing = book.new(), book.new()
+    book.hostile = "echo"
+    caplog.set_level(logging.DEBUG)
+    headers = {"Authorization": secret}
+    async with serving(book) as url, service_for(tmp_path, url, run_worker=False, headers=headers) as service:
+        lost_cid = await adopt(service, lost)
+        cancel_cid = await adopt(service, refusing)
+        await service.cancel_continuation(cancel_cid)  # before any poll: only the cancel goes
+        follower = stepped(service)
+        follower.refresh()
+        await follower.poll_due()
+        gone, cancelled = record(service, lost_cid), record(service, cancel_cid)
+    assert book.cancels == [refusing] and book.gets == [lost]
+    assert gone.state == "dead_lettered" and task_cause(gone) == "task_lost"
+    assert "[redacted]" in gone.last_error.message and "[redacted]" in cancelled.task.cancel_detail
+    token = secret.split()[-1]
+    assert token not in gone.last_error.message and token not in cancelled.task.cancel_detail
+    assert token not in caplog.text
+
+
+async def test_afterword_serve_follows_a_task_a_remote_host_adopted(tmp_path: Path) -> None:
+    """The served process runs the follower too: a host adopts over the host API, and the
+    answer reaches the outbox with no host left polling."""
+    book = TaskBook()
+    task_id = book.new(poll_interval_ms=0)
+    async with serving(book) as url:
+        path = write_config(tmp_path, servers={WEB: {"url": url}}, selected=[WEB])
+        served = Server(path)
+        await anyio.to_thread.run_sync(served.start)
+        try:
+            config = afterword.load_config(path, environ=ENV)
+            async with HostClient(served.base, read_host_token(config)) as host:
+                run = await host.begin_run("run-served", CONV, REPLY)
+                adopted = await run.adopt_task(WEB, TaskHandle(task_id=task_id, status="working"))
+                await run.finalize(ORIGIN)
+                await run.activate()
+            assert adopted.follow == "service"
+            with anyio.fail_after(30):
+                await book.polls(1)
+                book.complete(task_id, "served answer 7", {"answer": 7})
+                while not [x for x in outbox_lines(config) if x["deliveryKey"].startswith(adopted.continuation_id)]:
+                    await anyio.sleep(0.05)  # another process: watched, not signalled
+        finally:
+            assert await anyio.to_thread.run_sync(served.stop) == 0
+    (line,) = [x for x in outbox_lines(config) if x["deliveryKey"].startswith(adopted.continuation_id)]
+    assert line["conversationId"] == REPLY and "7" in line["text"]
 
 
 # -- wiring ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import anyio
 import msgspec
@@ -19,6 +20,8 @@ import pytest
 
 from afterword.app.ports import FollowedTask
 from afterword.config import McpServer
+from afterword.continuations.errors import InvalidTransition
+from afterword.disk import DiskError
 from afterword.protocol.tasks import TaskOutcome, TaskReport
 from afterword.worker.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
 from afterword.worker.taskfollow import TaskFollower, follows_any
@@ -226,7 +229,8 @@ async def test_a_restart_polls_everything_at_once() -> None:
 
 @pytest.mark.anyio
 async def test_the_loop_wakes_on_the_change_signal() -> None:
-    """No poll is due for a minute; an adoption's change signal makes the loop poll at once."""
+    """No poll is due for a minute; an adoption's change signal makes the loop poll at once (a
+    change to a record that is not a service-followed task does not)."""
     clock = Clock()
     port, wire = one_task(clock, working(60_000))
     listeners = []
@@ -252,7 +256,10 @@ async def test_the_loop_wakes_on_the_change_signal() -> None:
             assert wire.gets == ["t1"] and sleeps[-1] == pytest.approx(60.0)
             port.tasks["c2"] = Followed("c2", "t2", clock.now + HOUR)
             wire.answers["t2"] = [working(60_000)]
-            listeners[0](None, None)
+            listeners[0](None, SimpleNamespace(task=None))  # another record's change: no re-read
+            await anyio.wait_all_tasks_blocked()
+            assert wire.gets == ["t1"]
+            listeners[0](None, SimpleNamespace(task=SimpleNamespace(follow="service")))
             while wire.gets.count("t2") < 1 or f.in_flight:
                 await anyio.wait_all_tasks_blocked()
             await f.stop()
@@ -303,3 +310,76 @@ async def test_the_backoff_doubles_the_servers_hint_and_jitter_only_shortens_it(
         seen.append(due - clock.now)
         clock.now = due
     assert seen == delays  # a hint of 0 is 250 ms, doubled per failure; never below 250 ms
+
+
+@pytest.mark.anyio
+async def test_a_cancel_owed_after_the_record_ended_elsewhere_is_still_sent() -> None:
+    """The record ended under the follower (an operator was first): it stops polling, and the
+    cancel the service then says is owed is still sent."""
+    clock = Clock()
+    port, wire = one_task(clock, working(300))
+
+    async def ended_elsewhere(cid: str, outcome: TaskOutcome) -> TaskReport:
+        raise InvalidTransition("cancelled", "task_outcome")
+
+    port.report_task_outcome = ended_elsewhere  # type: ignore[method-assign]
+    f = follower(port, wire, clock)
+    f.refresh()
+    await f.poll_due()
+    assert f.next_due_ms() is None  # nothing more to poll
+    port.tasks["c1"] = msgspec.structs.replace(port.tasks["c1"], cancel_requested=True)
+    f.refresh()
+    assert await f.poll_due() == ["c1"]
+    assert wire.cancelled == ["t1"] and port.cancels == [("c1", True, None)]
+
+
+@pytest.mark.anyio
+async def test_a_cancel_the_service_could_not_record_is_recorded_later_not_sent_again() -> None:
+    clock = Clock()
+    port, wire = one_task(clock, working(300))
+    port.tasks["c1"] = msgspec.structs.replace(port.tasks["c1"], cancel_requested=True)
+    record = port.record_task_cancel_sent
+    failures = [DiskError("EIO")]
+
+    async def flaky(cid: str, ok: bool, detail: str | None) -> None:
+        if failures:
+            raise failures.pop()
+        await record(cid, ok, detail)
+
+    port.record_task_cancel_sent = flaky  # type: ignore[method-assign]
+    f = follower(port, wire, clock)
+    f.refresh()
+    await f.poll_due()
+    assert wire.cancelled == ["t1"] and port.cancels == []
+    clock.now = f.next_due_ms() or clock.now
+    assert await f.poll_due() == ["c1"]
+    assert wire.cancelled == ["t1"] and port.cancels == [("c1", True, None)]
+
+
+@pytest.mark.anyio
+async def test_a_failing_read_of_the_port_does_not_stop_the_loop() -> None:
+    clock = Clock()
+    port, wire = one_task(clock, working(60_000))
+    listeners = []
+    reads = 0
+    real = port.tasks_to_follow
+
+    def flaky() -> list[FollowedTask]:
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            raise KeyError("a bug")
+        return real()
+
+    port.tasks_to_follow = flaky  # type: ignore[method-assign]
+    f = TaskFollower(port, wire, limiter=anyio.CapacityLimiter(4), clock_ms=clock, subscribe=listeners.append)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(f.run)
+            await anyio.wait_all_tasks_blocked()
+            assert wire.gets == []
+            listeners[0](None, SimpleNamespace(task=SimpleNamespace(follow="service")))
+            while not wire.gets or f.in_flight:
+                await anyio.wait_all_tasks_blocked()
+            await f.stop()
+    assert wire.gets == ["t1"] and reads >= 2

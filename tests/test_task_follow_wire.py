@@ -5,18 +5,20 @@ well-behaved, a forgetful and a hostile server is judged."""
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
 
 from _taskfollow import require_sdk2
 
 require_sdk2()
 
 import anyio  # noqa: E402
+import httpx2  # noqa: E402
 import pytest  # noqa: E402
 from tasks_servers.inproc_sdk_server import TaskBook, serving  # noqa: E402
 
 from afterword.worker.taskanswers import Malformed, Polled, TooLarge, Unknown, Unreachable  # noqa: E402
 from afterword.worker.taskfollow import MAX_ANSWER_BYTES, load_wire  # noqa: E402
-from afterword.worker.taskwire import McpTaskWire  # noqa: E402
+from afterword.worker.taskwire import McpTaskWire, _CappedTransport  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -123,3 +125,30 @@ async def test_cancel_reaches_the_server_and_a_refusal_says_why() -> None:
         refused = await wire().cancel(url, {}, task_id, 10)
     assert accepted is None and book.cancels == [task_id, task_id]
     assert refused is not None and "not found" in refused
+
+
+@pytest.mark.parametrize(
+    ("headers", "too_large"),
+    [({"content-length": str(MAX_ANSWER_BYTES + 1)}, True), ({"content-encoding": "gzip"}, False)],
+    ids=["declared-too-long", "compressed"],
+)
+async def test_an_answer_is_refused_unread_when_its_size_is_not_bounded(
+    headers: dict[str, str], too_large: bool
+) -> None:
+    """A declared length over the limit, or a compressed body (whose decoded size the limit
+    cannot bound), is refused before a byte of it is read."""
+    read: list[int] = []
+
+    class Body(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            read.append(1)
+            yield b"{}"
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers=headers, stream=Body())
+
+    transport = _CappedTransport(MAX_ANSWER_BYTES, wire().tls)
+    transport._inner = httpx2.MockTransport(answer)  # type: ignore[assignment]
+    with pytest.raises(httpx2.StreamError):
+        await transport.handle_async_request(httpx2.Request("POST", "http://127.0.0.1:9/mcp"))
+    assert transport.exceeded is too_large and read == []

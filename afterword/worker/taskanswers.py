@@ -9,7 +9,8 @@ the judgement is testable on any SDK line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
@@ -27,6 +28,9 @@ __all__ = [
     "answer_from_error",
     "answer_from_result",
     "clip",
+    "scrub",
+    "scrub_text",
+    "secrets_of",
 ]
 
 MAX_MESSAGE_BYTES = 1024
@@ -140,3 +144,37 @@ def answer_from_error(code: int, message: str) -> Answer:
     if code in TRANSIENT_CODES:
         return Unreachable(clip(f"error {code}: {message}", 200))
     return Malformed(clip(f"tasks/get refused with error {code}: {message}", 200))
+
+
+REDACTED = "[redacted]"
+
+
+def secrets_of(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """What a server must not get afterword to repeat: each configured header value, and each
+    long word of one (the token of ``Bearer <token>``), longest first."""
+    found = {v for v in headers.values() if len(v) >= 4}
+    found |= {w for v in headers.values() for w in v.split() if len(w) >= 8}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def scrub_text(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def scrub(answer: Answer, secrets: tuple[str, ...]) -> Answer:
+    """``answer`` with the server's words cleaned of ``secrets`` (a hostile server may echo the
+    headers it was sent into its messages, which afterword logs and records)."""
+    if not secrets:
+        return answer
+    if isinstance(answer, Polled):
+        message = answer.outcome.message
+        if message is None:
+            return answer
+        return Polled(msgspec.structs.replace(answer.outcome, message=clip(scrub_text(message, secrets))))
+    if isinstance(answer, Unknown):
+        return Unknown(clip(scrub_text(answer.message, secrets)))
+    if isinstance(answer, (Malformed, Unreachable)):
+        return replace(answer, detail=clip(scrub_text(answer.detail, secrets)))
+    return answer

@@ -6,11 +6,12 @@ Nothing about the polling schedule is durable: after a restart every task the se
 follows is polled at once, and the schedule is rebuilt from the answers. What is durable is
 the service's (the outcome, the intent to cancel, whether ``tasks/cancel`` was sent).
 
-Timing (docs/task-following.md): after ``working``, the next poll comes after the server's
-``pollIntervalMs`` clamped to [250 ms, 60 s] (without a hint: 1 s, doubling to 60 s); after an
-error, a backoff from 1 s doubling to 60 s; never a poll at or after the deadline (the
-service's expiry applies then). Polls share the worker's concurrency limiter, each request is
-bounded in time, and the clock and the sleep are injected so tests step deterministically.
+Timing (docs/task-following.md; the delay rule is the core's ``poll_delay_ms``): after
+``working``, the server's ``pollIntervalMs`` clamped to [250 ms, 60 s] (1 s without a hint);
+after a failed poll, that delay doubled per consecutive failure up to 60 s, shortened at random
+by up to a fifth; never a poll at or after the deadline (the service's expiry applies then).
+Polls share the worker's concurrency limiter, each request is bounded in time, and the clock
+and the sleep are injected so tests step deterministically.
 """
 
 from __future__ import annotations
@@ -36,7 +37,17 @@ from ..disk import DiskError
 from ..protocol.headers import strip_reserved_headers
 from ..protocol.tasks import TaskOutcome
 from ..store import VersionConflict
-from .taskanswers import Answer, Malformed, TooLarge, Unknown, Unreachable
+from .taskanswers import (
+    Answer,
+    Malformed,
+    TooLarge,
+    Unknown,
+    Unreachable,
+    clip,
+    scrub,
+    scrub_text,
+    secrets_of,
+)
 
 __all__ = ["MAX_ANSWER_BYTES", "REQUEST_TIMEOUT_S", "TaskFollower", "TaskWire", "follows_any", "load_wire"]
 
@@ -87,7 +98,8 @@ class _Follow:
     failed_polls: int = 0  # consecutive answers that broke the protocol
     errors: int = 0  # consecutive polls without an answer (or a refused report)
     hint_ms: int | None = None  # the server's latest pollIntervalMs
-    cancel_sent: bool = False
+    cancel_refusal: tuple[str | None] | None = None  # set once tasks/cancel was sent: (why refused)
+    cancel_recorded: bool = False
     done: bool = False  # an ending was reported: nothing more to poll
 
 
@@ -125,8 +137,10 @@ class TaskFollower:
             subscribe(self._on_change)
 
     def _on_change(self, old: Continuation | None, new: Continuation) -> None:
-        # A new adoption or a requested cancel: re-read the port at once (coalesced).
-        self._wake.set()
+        # A new adoption, a requested cancel, an ending: re-read the port at once (coalesced).
+        # Other records' changes do not wake it: each re-read walks the live records.
+        if new.task is not None and new.task.follow == "service":
+            self._wake.set()
 
     # -- the steps ---------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -150,20 +164,22 @@ class TaskFollower:
         return [
             f
             for cid, f in self.follows.items()
-            if cid not in self.in_flight and not f.done and f.due_ms <= now and self._wanted(f, now)
+            if cid not in self.in_flight and f.due_ms <= now and self._wanted(f, now)
         ]
 
     def _wanted(self, follow: _Follow, now: int) -> bool:
+        # A cancel the service says is owed is sent (and recorded) whatever ended the record,
+        # even one this follower stopped polling; a poll only before the deadline.
         if follow.task.cancel_requested:
-            return not follow.cancel_sent
-        return now < follow.task.deadline_ms
+            return not follow.cancel_recorded
+        return not follow.done and now < follow.task.deadline_ms
 
     def next_due_ms(self) -> int | None:
         now = self.clock_ms()
         due = [
             f.due_ms
             for cid, f in self.follows.items()
-            if not f.done and cid not in self.in_flight and self._wanted(f, now)
+            if cid not in self.in_flight and self._wanted(f, now)
         ]
         return min(due) if due else None
 
@@ -225,8 +241,10 @@ class TaskFollower:
 
     async def _poll(self, follow: _Follow) -> None:
         task = follow.task
+        headers = self._headers(task)
         async with self.limiter:
-            answer = await self.wire.get(task.url, self._headers(task), task.task_id, self._timeout_s(task))
+            answer = await self.wire.get(task.url, headers, task.task_id, self._timeout_s(task))
+        answer = scrub(answer, secrets_of(headers))  # before anything is logged or recorded
         if isinstance(answer, Unreachable):
             self._back_off(follow)
             log.info("task follow %s: no answer (%s); retrying", task.continuation_id, answer.detail)
@@ -269,14 +287,21 @@ class TaskFollower:
             await self._cancel(follow)
 
     async def _cancel(self, follow: _Follow) -> None:
-        """Send ``tasks/cancel`` once and record how it went; a refusal is recorded, not retried."""
+        """Send ``tasks/cancel`` once and record how it went. A refusal is recorded, never
+        retried; only the recording is tried again if the service could not take it."""
         task = follow.task
-        follow.cancel_sent = True
-        async with self.limiter:
-            refused = await self.wire.cancel(
-                task.url, self._headers(task), task.task_id, self.request_timeout_s
-            )
+        if follow.cancel_refusal is None:
+            # From here on never sent again by this process, whatever happens to this attempt.
+            follow.cancel_refusal = ("the attempt to send tasks/cancel was interrupted",)
+            headers = self._headers(task)
+            async with self.limiter:
+                refused = await self.wire.cancel(task.url, headers, task.task_id, self.request_timeout_s)
+            if refused is not None:
+                refused = clip(scrub_text(refused, secrets_of(headers)))
+            follow.cancel_refusal = (refused,)
+        (refused,) = follow.cancel_refusal
         await self.port.record_task_cancel_sent(task.continuation_id, refused is None, refused)
+        follow.cancel_recorded = True
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -288,8 +313,10 @@ class TaskFollower:
                     self._wake = anyio.Event()  # before the refresh: a change during it wakes us
                     try:
                         self.refresh()
-                    except ContinuationError as exc:
-                        log.error("task follow: cannot read the tasks to follow: %s", exc)
+                    except Exception as exc:
+                        # Never take the service down: the tasks already known keep their
+                        # schedule, and the next change signal tries again.
+                        log.error("task follow: cannot read the tasks to follow: %s", type(exc).__name__)
                     for follow in self._due(self.clock_ms()):
                         self._start(tg, follow)
                     await self._sleep_or_wake(self.next_due_ms())

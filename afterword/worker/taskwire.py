@@ -10,6 +10,7 @@ cannot make the service buffer hundreds of MiB (the SDK bounds SSE events, not J
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Literal
 
@@ -79,8 +80,8 @@ class _CappedStream(httpx2.AsyncByteStream):
 class _CappedTransport(httpx2.AsyncBaseTransport):
     """Loopback HTTP without proxies, whose response bodies stop at ``limit`` bytes."""
 
-    def __init__(self, limit: int) -> None:
-        self._inner = httpx2.AsyncHTTPTransport(trust_env=False, retries=0)
+    def __init__(self, limit: int, tls: ssl.SSLContext) -> None:
+        self._inner = httpx2.AsyncHTTPTransport(verify=tls, trust_env=False, retries=0)
         self.limit = limit
         self.exceeded = False
 
@@ -115,14 +116,20 @@ class McpTaskWire:
 
     def __init__(self, *, max_answer_bytes: int) -> None:
         self.max_answer_bytes = max_answer_bytes
+        # Built once: loading the trust store costs tens of ms, more than a loopback poll.
+        self.tls = httpx2.create_ssl_context(trust_env=False)
 
     async def _send(
         self, url: str, headers: Mapping[str, str], request: _GetTask | _CancelTask, timeout_s: float
     ) -> tuple[dict[str, Any] | None, Answer | None]:
-        transport = _CappedTransport(self.max_answer_bytes)
+        transport = _CappedTransport(self.max_answer_bytes, self.tls)
         http = httpx2.AsyncClient(
             transport=transport,
-            headers={**headers, "accept-encoding": "identity"},
+            # identity: the read limit must bound the decoded size too (compressed answers are refused)
+            headers={
+                **{k: v for k, v in headers.items() if k.lower() != "accept-encoding"},
+                "accept-encoding": "identity",
+            },
             timeout=httpx2.Timeout(timeout_s),
             follow_redirects=False,
             trust_env=False,

@@ -29,7 +29,7 @@ from pydantic import ConfigDict, Field
 
 TASKS = "io.modelcontextprotocol/tasks"
 CAPS_KEY = "io.modelcontextprotocol/clientCapabilities"
-Hostility = Literal["wrong_id", "malformed", "huge", "slow", "error_500"]
+Hostility = Literal["wrong_id", "malformed", "huge", "slow", "error_500", "echo"]
 
 
 class TaskParams(mcp_types.RequestParams):
@@ -131,6 +131,9 @@ class TasksExtension(Extension):
         try:
             if book.hostile == "slow":
                 await book.release_slow.wait()
+            if book.hostile == "echo":  # repeats the credentials it was sent, in a "not found"
+                seen = book.headers[-1].get("authorization", "")
+                raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Task {params.task_id} unknown to {seen}")
             task = self._task(params.task_id)
             if book.hostile == "wrong_id":
                 return self._wire("task-someone-else", task)
@@ -149,6 +152,9 @@ class TasksExtension(Extension):
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
         self.book.cancels.append(params.task_id)
+        if self.book.hostile == "echo":
+            seen = ctx.request.headers.get("authorization", "") if ctx.request is not None else ""
+            raise MCPError(code=mcp_types.INTERNAL_ERROR, message=f"cannot cancel for {seen}")
         task = self._task(params.task_id)
         if task.status not in ("completed", "failed", "cancelled"):
             task.status = "cancelled"
