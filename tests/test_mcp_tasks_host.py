@@ -233,7 +233,7 @@ async def test_a_refused_adoption_cancels_the_task_and_tells_the_model(world: Wo
         outcome = tool_outcome(
             await call_tool(sessions["work-control"], "job", {"key": world.key("a"), "text": "x"})
         )
-    assert outcome.failed and "(closed)" in outcome.text and "cancelled" in outcome.text
+    assert outcome.failed and "(closed)" in outcome.text and "asked to cancel it" in outcome.text
     assert [r["method"] for r in world.records("work-control")] == ["tools/call", "tasks/cancel"]
 
 

@@ -5,6 +5,9 @@ HTTP through ``HostClient``/``RemoteRun``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,11 +17,14 @@ from typing import Any
 
 import anyio
 import pytest
-from _service import free_port
+from _cli import Server
+from _service import free_port, load, write_config
 from test_host_binding import CONV, ORIGIN, REPLY
 from test_host_parity import Host, hosting
 from test_mcp_e2e import wait_port
 
+from afterword.cli import main as cli_main
+from afterword.clients.host import HostClient
 from afterword.clients.mcp_sdk import installed_line
 from afterword.continuations.jcs import canonical_json
 
@@ -44,8 +50,6 @@ def args(root: Path, name: str) -> list[str]:
 
 
 def records(root: Path, name: str) -> list[dict[str, Any]]:
-    import json
-
     path = root / f"{name}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -236,3 +240,103 @@ async def test_a_result_too_large_ends_visibly(host: Callable[..., Any], tmp_pat
         rec = await wait_record(x, cid, "dead_lettered")
         assert rec.last_error is not None and rec.last_error.code == "task_result_too_large"
         assert x.h.synth.requests == []
+
+
+async def test_the_host_keeps_following_across_a_sidecar_restart(tmp_path: Path) -> None:
+    """A host-followed task, with ``afterword serve`` as a sidecar that restarts while the task
+    runs: the host's reports fail while it is down and are retried; after the restart the task
+    gets a fresh lease, and its answer is delivered once."""
+    (tmp_path / "gates").mkdir()
+    config_path = write_config(
+        tmp_path, servers={SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
+    )
+    token_file = tmp_path / "host.token"
+    server = Server(config_path)
+    server.start()
+    try:
+        assert (
+            cli_main(["continuations", "host-token", "--config", str(config_path), "--file", str(token_file)])
+            == 0
+        )
+        config = load(config_path)
+        async with HostClient(server.base, token_file.read_text()) as client, TaskHost(client) as tasks:
+            run = await client.begin_run("run-restart", CONV, REPLY)
+            async with connect_servers(run, config, [SERVER], tasks=tasks) as sessions:  # type: ignore[arg-type]
+                outcome = tool_outcome(
+                    await call_tool(sessions[SERVER], "job", {"key": "r", "text": "restart"})
+                )
+            assert not outcome.failed, outcome.text
+            (cid,) = tasks.following
+            await settle_run(run, ORIGIN)  # type: ignore[arg-type]
+            reported = tasks.reported
+            server.stop()
+
+            def polls() -> int:
+                return sum(r["method"] == "tasks/get" for r in records(tmp_path, SERVER))
+
+            seen = polls()
+            with anyio.fail_after(WAIT_S):  # the host polls on while the service is down...
+                while polls() < seen + 2:
+                    await anyio.sleep(0.05)
+            assert tasks.reported == reported  # ...and none of those reports got through
+            server.start()
+            opened(tmp_path, "r")
+            with anyio.fail_after(WAIT_S):
+                while tasks.following:
+                    await anyio.sleep(0.05)
+            outbox = config_path.parent / "outbox.jsonl"
+            with anyio.fail_after(WAIT_S):
+                while not outbox.exists() or not outbox.read_text().strip():
+                    await anyio.sleep(0.05)
+                while (await client.list_continuations()).items[0].state != "delivered":
+                    await anyio.sleep(0.05)
+        lines = [json.loads(x) for x in outbox.read_text().splitlines() if x.strip()]
+        assert [(line["conversationId"], line["deliveryKey"].split(":")[0]) for line in lines] == [
+            (REPLY, cid)
+        ]
+    finally:
+        if server.proc is not None:
+            server.stop()
+
+
+async def test_a_stdio_server_that_dies_leaves_its_task_to_the_host_lease(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The server process (and the task state in it) is gone while the host lives: the host
+    stops following that task, keeps serving, and the service dead-letters it task_host_gone."""
+    async with host(limits={"taskHostLeaseMs": 1000}) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            await call_tool(sessions[SERVER], "job", {"key": "dies", "text": "x"})
+        (cid,) = tasks.following
+        await settle_run(run, ORIGIN)
+        os.kill(int((tmp_path / f"{SERVER}.jsonl.pid").read_text()), signal.SIGKILL)
+        with anyio.fail_after(WAIT_S):
+            while tasks.following:
+                await anyio.sleep(0.05)
+        rec = await wait_record(x, cid, "dead_lettered")
+        assert rec.last_error is not None and rec.last_error.code == "task_host_gone"
+        # The TaskHost itself is unharmed: the next turn starts a new server and adopts again.
+        run2 = await x.begin("run-2")
+        async with task_turn(x, tasks, run2, [SERVER]) as sessions:
+            outcome = tool_outcome(await call_tool(sessions[SERVER], "job", {"key": "next", "text": "y"}))
+        assert not outcome.failed and len(tasks.following) == 1
+        await settle_run(run2, ORIGIN)
+
+
+async def test_a_claim_token_echoed_by_the_server_never_reaches_the_record(
+    host: Callable[..., Any], tmp_path: Path
+) -> None:
+    async with host(run_worker=True) as x, TaskHost(reporter(x)) as tasks:
+        run = await x.begin()
+        token = run.stdio_env(SERVER, {})["MONO_AGENT_CONTINUATION_CLAIM_TOKEN"]
+        async with task_turn(x, tasks, run, [SERVER]) as sessions:
+            await call_tool(sessions[SERVER], "job", {"key": "echo", "text": "x", "echo": True})
+        (cid,) = tasks.following
+        await settle_run(run, ORIGIN)
+        opened(tmp_path, "echo", "fail")
+        rec = await wait_record(x, cid, "delivered")
+        assert rec.result is not None
+        assert b"echo broke with token [redacted]" in rec.result.payload
+        assert token.encode() not in rec.result.payload
+        assert all(token not in str(m) for m in x.h.synth.requests)

@@ -210,7 +210,9 @@ async def open_session(
         return _start(binding, server, errlog, read_timeout, options)
 
     adopter: TaskAdopting | None = binding if _selected(binding, server) else None
-    async with tasks.session(server.name, opener, adopter) as session:
+    # The claim token the server is handed, while the run is open: never echoed back in a report.
+    secrets = tuple(v for k, v in binding.stdio_env(server.name, {}).items() if k.endswith("_TOKEN"))
+    async with tasks.session(server.name, opener, adopter, secrets) as session:
         yield session
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..continuations import errors as E
@@ -92,6 +93,29 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, RemoteError) or status == 0 or status == 429 or status >= 500
 
 
+def _scrub(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {key: _scrub(item, secrets) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_scrub(item, secrets) for item in value]
+    return value
+
+
+def _scrubbed(outcome: TaskOutcome, secrets: tuple[str, ...]) -> TaskOutcome:
+    """``outcome`` without any of ``secrets``: a server that echoes the claim token it was
+    handed must not get it into the record, the trail or the user's answer."""
+    secrets = tuple(secret for secret in secrets if secret)
+    if not secrets or not any(secret in msgspec.json.encode(outcome).decode() for secret in secrets):
+        return outcome
+    return msgspec.structs.replace(
+        outcome, message=_scrub(outcome.message, secrets), result=_scrub(outcome.result, secrets)
+    )
+
+
 def _poll_delay_s(interval_ms: int | None, failures: int) -> float:
     # The service follower's cadence: the hint clamped to [250 ms, 60 s] (a hostile 0 cannot
     # spin the host; 60 s stays inside the host lease), doubled per failed poll.
@@ -105,6 +129,7 @@ class _Lease:
 
     session: Any
     server: str
+    secrets: tuple[str, ...] = ()
     released: anyio.Event = field(default_factory=anyio.Event)
     following: int = 0
     changed: anyio.Event = field(default_factory=anyio.Event)
@@ -186,14 +211,17 @@ class TaskHost:
         server: str,
         opener: Callable[[list[Any]], AbstractAsyncContextManager[Any]],
         adopter: TaskAdopting | None,
+        secrets: tuple[str, ...] = (),
     ) -> AsyncIterator[Any]:
         """Open a session in a task this TaskHost owns and yield it for one turn.
 
         ``opener(extensions)`` opens the session with those client extensions; ``adopter``
-        is the run binding when the server is selected (None: nothing is declared)."""
+        is the run binding when the server is selected (None: nothing is declared);
+        ``secrets`` are the values the server was handed (its claim token), removed from any
+        message it sends back before that message is reported."""
         if self._tg is None:
             raise RuntimeError("TaskHost is not running: use 'async with TaskHost(...)'")
-        lease: _Lease = await self._tg.start(self._own, server, opener, adopter)
+        lease: _Lease = await self._tg.start(self._own, server, opener, adopter, secrets)
         try:
             yield lease.session
         finally:
@@ -205,6 +233,7 @@ class TaskHost:
         server: str,
         opener: Callable[[list[Any]], AbstractAsyncContextManager[Any]],
         adopter: TaskAdopting | None,
+        secrets: tuple[str, ...],
         *,
         task_status: TaskStatus[_Lease],
     ) -> None:
@@ -218,7 +247,7 @@ class TaskHost:
         started = False
         try:
             async with opener(extensions) as session:
-                lease = _Lease(session=session, server=server)
+                lease = _Lease(session=session, server=server, secrets=secrets)
                 holder.append(lease)
                 self._leases[id(lease)] = lease
                 started = True
@@ -252,8 +281,8 @@ class TaskHost:
             # Nobody will follow the task: ask the server to drop it rather than leave it running.
             await self._cancel(lease, handle.task_id)
             return (
-                f"Not accepted: afterword could not take this background task ({_code(exc)}), so it was "
-                "cancelled and no answer will follow.",
+                f"Not accepted: afterword could not take this background task ({_code(exc)}); the "
+                "server was asked to cancel it and no answer will follow.",
                 True,
             )
         if adopted.follow == "host":
@@ -292,7 +321,7 @@ class TaskHost:
             first = False
             try:
                 raw = await _sdk.get_task(lease.session, handle.task_id, self._timeout)
-                outcome = read_outcome(raw, handle.task_id)
+                outcome = _scrubbed(read_outcome(raw, handle.task_id), lease.secrets)
                 malformed = 0
             except TaskUnknown:
                 outcome = TaskOutcome(status="lost", message="the server no longer knows this task")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -91,10 +92,13 @@ class HostTasks(Extension):
         if not gate.exists():
             return {"resultType": "complete", **self._fields(params.task_id, "working")}
         if gate.read_text().strip() == "fail":
+            message = f"{task['key']} broke"
+            if task["echo"]:  # a careless or hostile server repeats the capability it was handed
+                message += " with token " + os.environ.get("MONO_AGENT_CONTINUATION_CLAIM_TOKEN", "-")
             return {
                 "resultType": "complete",
                 **self._fields(params.task_id, "failed"),
-                "error": {"code": -32603, "message": f"{task['key']} broke"},
+                "error": {"code": -32603, "message": message},
             }
         structured: dict[str, Any] = {"job": task["text"], "finished": True}
         if task["pad"]:
@@ -130,7 +134,8 @@ class HostTasks(Extension):
             "text": str(args.get("text", "")),
             "poll": int(args.get("poll_ms", 50)),
             "wrong_id": bool(args.get("wrong_id", False)),
-            "pad": int(args.get("pad", 0)),  # a huge result: bytes of log in structuredContent
+            "pad": int(args.get("pad", 0)),
+            "echo": bool(args.get("echo", False)),  # a huge result: bytes of log in structuredContent
             "cancelled": False,
         }
         return {"resultType": "task", **self._fields(task_id, "working")}
@@ -155,7 +160,9 @@ def build(record: Path, gates: Path) -> MCPServer:
     server = MCPServer("host-tasks", extensions=[HostTasks(record, gates)])
 
     @server.tool()
-    def job(key: str, text: str = "", poll_ms: int = 50, wrong_id: bool = False, pad: int = 0) -> str:
+    def job(
+        key: str, text: str = "", poll_ms: int = 50, wrong_id: bool = False, pad: int = 0, echo: bool = False
+    ) -> str:
         """Run a job (as a task when the client declared the tasks extension)."""
         return f"{text} ran inline"
 
@@ -168,6 +175,7 @@ def build(record: Path, gates: Path) -> MCPServer:
 
 
 async def main(args: argparse.Namespace) -> None:
+    Path(args.record + ".pid").write_text(str(os.getpid()))  # a test may kill this server
     server = build(Path(args.record), Path(args.gates))
     if args.http:
         import uvicorn
