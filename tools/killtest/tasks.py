@@ -168,16 +168,18 @@ class _Host:
         if await self._call(client, "/v1/host/runs", body) is None:
             return
         handle = await tasks.start("sdk_work", {"key": key})
+        # Gated whether or not the adoption is acknowledged: a kill after the service committed
+        # it but before it answered leaves a continuation this loop never learns of, and its
+        # task must end too (it is then answered like any crashed turn's).
+        self.gates.add(key)
         adoption = {"server": SERVER, "taskId": handle.task_id, "status": handle.status}
         if handle.poll_interval_ms is not None:
             adoption["pollIntervalMs"] = handle.poll_interval_ms
-        for attempt in range(2):  # the second asks again: adoption must answer the same id
+        for _ in range(2):  # the second asks again: adoption must answer the same id
             adopted = await self._call(client, f"/v1/host/runs/{run}/tasks", adoption)
             if adopted is None:
                 return
             self.adopted.setdefault(key, set()).add(str(adopted["continuationId"]))
-            if attempt == 0:
-                self.gates.add(key)
         for verb, verb_body in (("finalize", {"history": HISTORY}), ("activate", None)):
             if await self._call(client, f"/v1/host/runs/{run}/{verb}", verb_body) is None:
                 return
@@ -380,13 +382,37 @@ def _check(report: TasksReport, server: _Server, host: _Host, operator: str) -> 
                     del pending[key]
             if pending:
                 time.sleep(0.2)
+        unknown = _unfinished_others(client, server.base, set(claims.values()))
         health = client.get(server.base + "/v1/operator/health").json()
     path = server.root / "outbox.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
     judge_tasks(report, host.adopted, final, lines, pending, host.forgotten)
     report.not_adopted = host.unadopted
+    for cid, state in unknown:  # adopted, unacknowledged (the kill came first), still not ended
+        report.stuck += 1
+        report.problem(f"{cid}: an adoption the host never saw acknowledged is still {state}")
     report.health = str(health["status"])
     expected = expected_health(report.states)
     report.health_consistent = report.health == expected
     if not report.health_consistent:
         report.problem(f"health {report.health} but the states say {expected}")
+
+
+def _unfinished_others(client: httpx.Client, base: str, known: set[str]) -> list[tuple[str, str]]:
+    """Continuations the host loop never learned of (the kill came between the service's
+    commit of an adoption and its answer) that are still not terminal."""
+    found: list[tuple[str, str]] = []
+    cursor: str | None = None
+    while True:
+        r = client.get(base + "/v1/operator/continuations", params={"cursor": cursor} if cursor else {})
+        if r.status_code != 200:
+            raise RuntimeError(f"listing continuations: HTTP {r.status_code} {r.text[:300]}")
+        page = r.json()
+        found.extend(
+            (item["continuationId"], item["state"])
+            for item in page["items"]
+            if item["continuationId"] not in known and item["state"] not in TERMINAL
+        )
+        cursor = page.get("nextCursor")
+        if not cursor:
+            return found
