@@ -8,7 +8,7 @@ result when the work is done::
     python examples/fastmcp_server.py                          # stdio, spawned by the host
     python examples/fastmcp_server.py --http --port 8766       # loopback HTTP, endpoint /mcp
 
-Needs ``pip install 'afterword[mcp]' 'fastmcp>=4.2,<5'``.
+Needs ``pip install 'afterword[mcp]' 'fastmcp==4.1.4'``.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import msgspec
 import afterword
 from afterword import ContinuationService
 from afterword.config import Config
-from afterword.mcp_host import Settlement, connect_servers, sdk_line, settle_run, tool_outcome
+from afterword.mcp_host import Settlement, call_tool, connect_servers, sdk_line, settle_run, tool_outcome
 
 Step = Callable[[str, str], None]
 Message = dict[str, str]
@@ -84,7 +84,9 @@ async def run_turn(
     reply_to: str,
     user_text: str,
     history: Sequence[Message] = (),
-    model: ScriptedModel | None = None,
+    model: ScriptedModel | Any = None,
+    server: str = TOOL_SERVER,
+    tasks: Any = None,
     on_step: Step = lambda _kind, _text: None,
     until: Callable[[Settlement], Awaitable[None]] | None = None,
     errlog: TextIO | None = None,
@@ -94,7 +96,11 @@ async def run_turn(
     ``reply_to`` is the physical route the channel driver gave the host; ``conversation_id``
     may carry a history bucket (``...#2026-01-02``). ``until(settlement)``, when given, is
     awaited after the turn settled with the MCP clients still running, so a stdio server can
-    finish its background job before the host stops it.
+    finish its background job before the host stops it. ``server`` names the MCP server the
+    model's tool is on (one of ``tools.continuationServers``); ``model`` may be any object with
+    the ``plan``/``reply`` methods of ``ScriptedModel``. ``tasks``, a running
+    ``afterword.mcp_host.TaskHost`` (SDK 2.x), lets the server answer with an MCP task handle,
+    which is adopted as a continuation (docs/tasks-bridge.md).
     """
     model = model or ScriptedModel()
     run_id = "run-" + uuid.uuid4().hex[:10]
@@ -104,15 +110,13 @@ async def run_turn(
     tool, arguments = model.plan(user_text)
     # read_timeout bounds each MCP response; the helpers take it on either SDK line.
     async with connect_servers(
-        binding, config, [TOOL_SERVER], errlog=errlog, read_timeout=timedelta(seconds=60)
+        binding, config, [server], errlog=errlog, read_timeout=timedelta(seconds=60), tasks=tasks
     ) as sessions:
-        server = config.mcp_servers[TOOL_SERVER]
-        how = "stdio subprocess" if server.transport == "stdio" else f"streamable HTTP {server.url}"
-        on_step(
-            "mcp", f"{TOOL_SERVER} started via the MCP SDK {sdk_line()}.x ({how}) with the bound capability"
-        )
+        entry = config.mcp_servers[server]
+        how = "stdio subprocess" if entry.transport == "stdio" else f"streamable HTTP {entry.url}"
+        on_step("mcp", f"{server} started via the MCP SDK {sdk_line()}.x ({how}) with the bound capability")
         on_step("tool", f"model calls {tool}({json.dumps(arguments)})")
-        outcome = tool_outcome(await sessions[TOOL_SERVER].call_tool(tool, arguments))
+        outcome = tool_outcome(await call_tool(sessions[server], tool, arguments))
         tool_text = outcome.text
         on_step("tool", f"{tool} returned: {tool_text}")
         assistant = model.reply(tool_text, outcome.failed)

@@ -92,3 +92,26 @@ async def test_demo_moves_to_another_port_when_its_port_is_taken(monkeypatch: py
     assert code == 0, text
     assert f":{taken}" not in text
     assert "Health: healthy (delivered 2; active 0)" in text
+
+
+@pytest.mark.anyio
+async def test_demo_tasks_needs_the_sdk_2x_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On the 1.x line (CI's second venv) the real command says so; on 2.x the check is forced."""
+    if version("mcp").startswith("1."):
+        proc = subprocess.run(
+            [sys.executable, "-m", "afterword.cli", "demo", "--tasks"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        code, text = proc.returncode, proc.stdout + proc.stderr
+    else:
+        from afterword.cli import demo_tasks
+
+        monkeypatch.setattr(demo_tasks, "_sdk_major", lambda: 1)
+        out = io.StringIO()
+        code = await demo_tasks.run_tasks_demo(False, console=Console(file=out, width=200))
+        text = out.getvalue()
+    assert code == 2
+    assert "MCP Tasks need the MCP Python SDK 2.x" in text and "mcp>=2.3,<3" in text

@@ -49,6 +49,7 @@ def test_wheel_is_typed_and_carries_the_examples(tmp_path: Path) -> None:
     examples = (
         "work_control_server.py",
         "fastmcp_server.py",
+        "tasks_server.py",
         "reference_host.py",
         "embed.py",
         "walkthrough.sh",

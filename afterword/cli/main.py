@@ -37,6 +37,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = resolve_config(args.config)
     if not config.enabled:
         raise CliError("continuations are disabled in this configuration (continuations.enabled is false)", 2)
+    # `python -m afterword` restores SIGPIPE's default action so a verb piped into `head` ends
+    # quietly. A server must not: a write to a socket its peer already closed (a client gone, a
+    # Tasks server that dropped the connection the follower polls on) would kill the process
+    # instead of raising an error for that one connection. The kill test found it.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     return anyio.run(serve, config, args.outbox)
 
 
@@ -80,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         "SDK: pip install 'afterword[mcp]' (docs/mcp.md).",
     )
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
+    demo.add_argument(
+        "--tasks",
+        action="store_true",
+        help="instead: an MCP Tasks server's task adopted as a continuation, followed by the "
+        "service and its answer delivered once (MCP SDK 2.x; docs/tasks-bridge.md)",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -91,10 +102,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     try:
         from .demo import run_demo
+        from .demo_tasks import run_tasks_demo
     except McpSdkUnavailable as exc:
         # The demo runs a real MCP server and client; the SDK is an optional extra.
         raise CliError(f"the demo runs a real MCP server and client: {exc}", 2, "mcp_unavailable") from None
-    return anyio.run(run_demo, args.keep)
+    return anyio.run(run_tasks_demo if args.tasks else run_demo, args.keep)
 
 
 def _config_problem(exc: ConfigError) -> str:

@@ -1,4 +1,5 @@
 """python -m tools.killtest [--soak] [--kills N] [--continuations N] [--threads N] [--seed S] [--json PATH]
+python -m tools.killtest --workload tasks [--kills N] [--continuations N] [--seed S] [--json PATH]
 
 Exit status 0 when the verdict is ok, 1 when it is not.
 """
@@ -57,7 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cold", action="store_true", help="start each service as a new interpreter")
     parser.add_argument("--json", help="also write the report to this file")
+    parser.add_argument(
+        "--workload",
+        choices=("claims", "tasks"),
+        default="claims",
+        help="claims: detached claims and results (default); tasks: MCP Tasks adopted and followed "
+        "by the service (--continuations caps the tasks; --threads, --plant and retention do not apply)",
+    )
     args = parser.parse_args(argv)
+    if args.workload == "tasks":
+        return _tasks(parser, args)
     base = dict(SOAK if args.soak else QUICK)
     for name in ("kills", "continuations", "threads", "terminal_max_records"):
         if getattr(args, name) is not None:
@@ -76,6 +86,35 @@ def main(argv: list[str] | None = None) -> int:
         observe_rate=args.observe_rate,
         plant=args.plant,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    text = report_json(report)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0 if report.ok else 1
+
+
+def _interval(parser: argparse.ArgumentParser, text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(",")
+    try:
+        return (float(lo), float(hi or lo))
+    except ValueError:
+        parser.error(f"--interval wants LO,HI in seconds, not {text!r}")
+
+
+def _tasks(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .tasks import run_tasks_killtest
+
+    if args.soak or args.plant or args.threads or args.terminal_max_records:
+        parser.error("--workload tasks takes --kills, --continuations, --seed, --interval, --cold, --json")
+    options: dict[str, Any] = {"kills": args.kills or 5, "preload": not args.cold}
+    if args.continuations is not None:
+        options["tasks"] = args.continuations
+    if args.interval is not None:
+        options["interval"] = _interval(parser, args.interval)
+    report = run_tasks_killtest(
+        **options, seed=args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True)
     )
     text = report_json(report)
     print(text)

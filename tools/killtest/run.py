@@ -24,6 +24,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -67,9 +68,12 @@ class _Server:
         proc = self.proc
         return int(proc.pid) if proc is not None and proc.poll() is None else None
 
-    def start(self) -> None:
+    def start(self, after_spawn: Callable[[], None] | None = None) -> None:
+        """Start and wait until it answers; ``after_spawn`` runs while it is still starting."""
         config, log = str(self.root / "afterword.json"), str(self.root / "serve.log")
         self.proc = start_serve(config, log, {"KILLTEST_TOKEN": TOKEN}, preload=self.preload)
+        if after_spawn is not None:
+            after_spawn()
         end = time.monotonic() + 60
         while time.monotonic() < end:
             if self.proc.poll() is not None:
