@@ -13,6 +13,7 @@ import anyio
 import httpx
 import pytest
 from _service import ENV, deadline, outbox_lines, payload_hash, write_config
+from fakes.harness import after_full_scan
 
 import afterword
 from afterword.app.binding import RESERVED_ENV, RESERVED_HEADERS, RunBinding
@@ -253,8 +254,7 @@ async def test_close_waits_for_a_claim_inside_admission(tmp_path: Path) -> None:
             await entered.wait()
             h.service.hooks.before_claim_commit = None
             tg.start_soon(close)
-            for _ in range(100):  # give close() every chance to (wrongly) finish
-                await anyio.sleep(0)
+            await anyio.wait_all_tasks_blocked()  # close() ran as far as it can: it must wait
             assert binding.closed and not closed.is_set()
             late = await h.claim(env, "late")  # admission is closed while draining
             assert late.status_code == 410 and late.json()["error"]["code"] == "closed"
@@ -358,7 +358,7 @@ async def test_early_result_is_deferred_until_activation(tmp_path: Path) -> None
         await worker.synthesize(claim["continuationId"])  # an explicit worker pass does nothing
         await binding.finalize([*ORIGIN])
         await worker.synthesize(claim["continuationId"])  # finalized is not yet committed
-        await anyio.sleep(0.2)  # and the running worker loop had time to (wrongly) act
+        await after_full_scan(worker)  # and the running worker loop looked at it (to act wrongly)
         status = await h.status(claim)
         assert (status["state"], status["originContext"], status["deferred"]) == (
             "result_received",

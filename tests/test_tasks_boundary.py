@@ -155,12 +155,15 @@ async def test_notification_never_lands_inside_an_in_flight_tool_call(state_dir:
 async def test_boundary_counts_a_reserved_but_not_durable_tool_call(state_dir: str) -> None:
     """The exact race of the issue: the call is reserved, its fsync has not finished."""
     gate = threading.Event()
+    flushing = threading.Event()  # a flush has begun and waits on the gate
 
     class HeldDisk(NoSyncDisk):
         def fdatasync(self, fd: int) -> None:
+            flushing.set()
             gate.wait(10)
 
         def fsync(self, fd: int) -> None:
+            flushing.set()
             gate.wait(10)
 
     # The held flush must run on the log-writer thread: written inline (the default for a lone
@@ -174,11 +177,13 @@ async def test_boundary_counts_a_reserved_but_not_durable_tool_call(state_dir: s
         await ended_and_committed(journal, "s", "task_x", "r1")
         await history.append("s", [Message(id="r1", role="tool", content="started", tool_call_id="call-1")])
         gate.clear()
+        flushing.clear()
         async with anyio.create_task_group() as tg:
             tg.start_soon(
                 history.append, "s", [Message(id="a2", role="assistant", content="", tool_calls=("call-2",))]
             )
-            await anyio.sleep(0.05)  # a2 is reserved; its flush is held
+            # a2 is reserved and its flush is held at the gate
+            assert await anyio.to_thread.run_sync(flushing.wait, 10)
             delivered = await notes.deliver("s")
             gate.set()
         assert delivered == []

@@ -16,7 +16,7 @@ from fakes.synth import ExplodingHistory, HangingHistory, RecordingSynth
 
 from afterword.continuations.errors import Conflict, InvalidTransition
 from afterword.continuations.lifecycle import backoff_ms
-from afterword.worker import ChunkDelivery, ChunkReceipt, OutboxChannel, loop
+from afterword.worker import ChunkDelivery, ChunkReceipt, OutboxChannel
 
 SLACK_TOKEN = "xoxb-test-token-not-real"
 ENV = {"AFTERWORD_TEST_SLACK_TOKEN": SLACK_TOKEN}
@@ -190,7 +190,7 @@ async def test_rate_limit_retry_after_is_respected(tmp_path: Path) -> None:
             assert waiting.next_attempt_at_ms is not None
             assert waiting.next_attempt_at_ms >= clock() + 120_000
             clock.advance(60_000)
-            await anyio.sleep(loop.SCAN_INTERVAL_S + 0.3)  # at least one full scan
+            await h.after_full_scan()  # the worker looked at it and found the retry not yet due
             assert fake.count == 1
             assert h.service.repo.get(claimed.id).state == "delivery_retry"  # type: ignore[union-attr]
             clock.advance(61_000)
@@ -255,10 +255,33 @@ async def test_a_delivery_timeout_is_delivery_unknown_and_not_reposted(tmp_path:
         async with running(config, env) as h:
             claimed = await reply_run(h.service, h.producer, {"summary": "x"}, reply_to=HOOK)
             rec = await wait_state(h.service, claimed.id)
-            await anyio.sleep(0.2)
+            await h.after_full_scan()  # a (wrong) second post would have been sent by now
         assert fake.count == 1
     assert rec.state == "delivery_unknown"
     assert rec.last_error is not None and rec.last_error.code == "delivery_timeout"
+
+
+@pytest.mark.anyio
+async def test_an_operator_verdict_on_an_unknown_post_never_reposts_by_itself(tmp_path: Path) -> None:
+    """`resolve not_delivered` holds the answer for an explicit retry, and `resolve delivered`
+    ends it: in neither case does the running worker post again on its own."""
+    with FakeWebhook() as fake:
+        fake.always(HANG)
+        config, env = make_config(tmp_path, hook_block(fake, deliveryTimeoutMs=1000))
+        async with running(config, env) as h:
+            claimed = await reply_run(h.service, h.producer, {"summary": "x"}, reply_to=HOOK)
+            assert (await wait_state(h.service, claimed.id)).state == "delivery_unknown"
+            await h.service.resolve_continuation_delivery(claimed.id, {"kind": "not_delivered"})
+            await h.after_full_scan()
+            assert fake.count == 1
+            rec = h.service.repo.get(claimed.id)
+            assert rec is not None and rec.state == "delivery_retry"
+            await h.service.retry_continuation(claimed.id, allow_unknown=True)  # the explicit retry
+            assert (await wait_state(h.service, claimed.id)).state == "delivery_unknown"
+            assert fake.count == 2
+            await h.service.resolve_continuation_delivery(claimed.id, {"kind": "delivered", "deliveryId": "EXT-42"})
+            await h.after_full_scan()
+            assert fake.count == 2
 
 
 @pytest.mark.anyio
@@ -273,7 +296,7 @@ async def test_shutdown_during_a_hung_post_leaves_delivery_unknown(
             claimed = await reply_run(h.service, h.producer, {"summary": "x"}, reply_to=HOOK)
             await fake.wait_requests(1)
         async with running(config, env) as h2:
-            await anyio.sleep(0.3)
+            await h2.after_full_scan()
             rec = h2.service.repo.get(claimed.id)
         assert fake.count == 1
     assert rec is not None and rec.state == "delivery_unknown"
@@ -291,7 +314,7 @@ async def test_a_failed_history_append_stays_delivered_and_is_never_reposted(tmp
         health = h.service.continuation_health()
         with pytest.raises(InvalidTransition):
             await h.service.retry_continuation(claimed.id, allow_unknown=True)
-        await anyio.sleep(loop.SCAN_INTERVAL_S + 0.3)  # a full scan finds nothing to redo
+        await h.after_full_scan()  # a full scan finds nothing to redo
     assert status["state"] == "delivered"
     receipt = status["receipt"]
     assert receipt["kind"] == "posted" and receipt["historyRecorded"] is False
@@ -328,7 +351,7 @@ async def test_shutdown_during_the_history_append_keeps_the_confirmed_post_deliv
             while history.appends == 0:
                 await anyio.sleep(0.01)
     async with running(config, env, history=ExplodingHistory()) as h2:
-        await anyio.sleep(0.3)
+        await h2.after_full_scan()
         # Settled records are compacted into tombstones when the service opens.
         rec = h2.service.repo.get(claimed.id) or h2.service.repo.tombstone(claimed.id)
     assert rec is not None and rec.state == "delivered"  # not delivery_unknown: the post was confirmed

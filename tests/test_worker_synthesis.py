@@ -185,7 +185,7 @@ async def test_failed_synthesis_is_dead_lettered_and_never_repeated(
     assert h.outbox() == []
     # A restart finds nothing to redo: the outcome of the model call was ambiguous.
     async with running(config, env, synthesizer=synth) as h2:
-        await anyio.sleep(0.3)
+        await h2.after_full_scan()
         again = h2.service.repo.get(claimed.id)
     assert again is not None and again.state == "dead_lettered"
     assert len(synth.calls) == 1
@@ -208,7 +208,7 @@ async def test_openai_failure_or_hang_is_dead_lettered_with_one_model_call(
         async with running(config, env) as h:
             claimed = await reply_run(h.service, h.producer, {"summary": "x"})
             rec = await wait_state(h.service, claimed.id)
-            await anyio.sleep(0.2)  # a second (wrong) model call would land in this window
+            await h.after_full_scan()  # a second (wrong) model call would have been made by now
         assert fake.count == 1
     assert rec.state == "dead_lettered"
     assert rec.last_error is not None and rec.last_error.code in ("synthesis_failed", "synthesis_timeout")
@@ -237,10 +237,13 @@ async def test_at_most_max_concurrent_synthesis_turns_run_at_once(tmp_path: Path
     config, env = make_config(tmp_path, {"limits": {"maxConcurrent": 2}})
     async with running(config, env, synthesizer=synth) as h:
         claims = [await reply_run(h.service, h.producer, {"n": i}, run_id=f"r{i}") for i in range(3)]
+        # The third turn is due as soon as its result lands; wait until it queues on the
+        # worker's limiter (or, wrongly, reaches the model) rather than for a guessed while.
         with anyio.fail_after(10):
-            while len(synth.calls) < 2:
-                await anyio.sleep(0.01)
-        await anyio.sleep(0.3)
+            while len(synth.calls) < 3 and not (
+                len(synth.calls) == 2 and h.worker.limiter.statistics().tasks_waiting == 1
+            ):
+                await anyio.sleep(0.005)
         assert len(synth.calls) == 2
         synth.release.set()
         for claimed in claims:
@@ -259,7 +262,7 @@ async def test_shutdown_interrupts_a_hung_synthesis_which_is_dead_lettered_not_r
         claimed = await reply_run(h.service, h.producer, {"summary": "x"})
         await wait_state(h.service, claimed.id, ["synthesizing"])
     async with running(config, env, synthesizer=synth) as h2:
-        await anyio.sleep(0.3)
+        await h2.after_full_scan()
         rec = h2.service.repo.get(claimed.id)
     assert rec is not None and rec.state == "dead_lettered"
     assert rec.last_error is not None and rec.last_error.code == "synthesis_interrupted"
