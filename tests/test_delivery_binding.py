@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import msgspec
 import pytest
 from fakes.harness import make_config, running
@@ -94,7 +93,7 @@ async def test_a_binding_altered_in_ready_to_deliver_is_dead_lettered_after_a_re
         await alter(h.service, claimed.id, reply_to=EVIL)
     async with running(config, env, channels={"*": channel}) as h:
         rec = await wait_state(h.service, claimed.id)
-        await anyio.sleep(0.2)
+        await h.after_full_scan()
     assert rec.state == "dead_lettered"
     assert rec.last_error is not None and rec.last_error.code == "binding_invalid"
     assert channel.calls == []

@@ -22,42 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 from _cli import Server
+from _node import NODE_HOST, TS, npm_ci, tool
 from _service import write_config
 
 from afterword.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
-TS = ROOT / "clients" / "typescript"
-NODE_HOST = ROOT / "examples" / "node-host"
 LEASE_MS = 1500  # short, so the TypeScript lease test waits little; heartbeats run every 500 ms
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{name} is required in CI (Node 20 with npm)")
-        pytest.skip(f"{name} is not installed")
-    return path
-
-
-def _npm_ci(folder: Path) -> None:
-    if not (folder / "node_modules").is_dir():
-        subprocess.run(
-            [_tool("npm"), "ci", "--no-audit", "--no-fund", "--silent"], cwd=folder, check=True, timeout=300
-        )
-
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    node = _tool("node")
-    _tool("npm")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout
-    assert int(version.lstrip("v").split(".")[0]) >= 20, version
-    _npm_ci(TS)
-    # Compile once for both tests: the client's tests and the Node host import dist/.
-    subprocess.run([node, str(TS / "node_modules/typescript/bin/tsc"), "-p", str(TS)], check=True, timeout=300)
-    return node
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +59,7 @@ def test_typescript_client_suite_against_a_real_service(node: str, sidecar: tupl
 
 def test_node_host_runs_one_turn_end_to_end(node: str, sidecar: tuple[Server, Path]) -> None:
     server, token = sidecar
-    _npm_ci(NODE_HOST)
+    npm_ci(NODE_HOST)
     outbox = server.config.parent / "outbox.jsonl"
     reply_to = "local:node-e2e"
     done = subprocess.run(
@@ -153,7 +124,7 @@ def test_typescript_client_installs_into_another_project_without_a_prebuilt_dist
     clean = tmp_path / "host-client"
     shutil.copytree(TS, clean, ignore=shutil.ignore_patterns("dist", "*.tgz"), symlinks=True)
     packed = subprocess.run(
-        [_tool("npm"), "pack", "--json", "--pack-destination", str(tmp_path)],
+        [tool("npm"), "pack", "--json", "--pack-destination", str(tmp_path)],
         cwd=clean,
         capture_output=True,
         text=True,
@@ -166,7 +137,7 @@ def test_typescript_client_installs_into_another_project_without_a_prebuilt_dist
     project.mkdir()
     (project / "package.json").write_text('{"name": "some-host", "version": "1.0.0", "type": "module"}')
     subprocess.run(
-        [_tool("npm"), "install", "--no-audit", "--no-fund", "--silent", str(tmp_path / info["filename"])],
+        [tool("npm"), "install", "--no-audit", "--no-fund", "--silent", str(tmp_path / info["filename"])],
         cwd=project,
         check=True,
         timeout=300,

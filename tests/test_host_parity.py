@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fakes.harness import after_full_scan
 from test_host_binding import CONV, ORIGIN, REPLY, SERVER, Harness, serving
 
 from afterword.app.binding import RESERVED_ENV, RESERVED_HEADERS, RunBinding
@@ -181,7 +182,7 @@ async def test_early_result_waits_for_activation(host: Callable[..., Any]) -> No
         accepted = await x.h.submit(claim)
         assert (accepted["state"], accepted["deferred"]) == ("result_received", True)
         await run.finalize(ORIGIN)
-        await anyio.sleep(0.2)  # the running worker had time to (wrongly) act
+        await after_full_scan(x.h.service.worker)  # the running worker looked at it (to act wrongly)
         assert (await x.h.status(claim))["state"] == "result_received"
         await run.activate()
         done = await x.h.wait_delivered(claim)

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 from _claims import make_claim
 from fakes import FakeWebhook, Reply, Request
-from fakes.harness import make_config, running
+from fakes.harness import after_full_scan, make_config, running
 from fakes.producer import Producer, reply_run, wait_state
 from fakes.scripted import KillSwitch
 
@@ -243,10 +243,10 @@ async def test_retry_during_an_in_flight_post_keeps_the_crash_an_unknown_outcome
             switch.trip()  # SIGKILL: nothing after this moment becomes durable
             held.release.set()  # the receiver got the post and answers 200
             await fake.wait_requests(2)
-            await anyio.sleep(0.2)
+            await after_full_scan(svc.worker)  # the answered post's (lost) commit has been tried
         async with running(config, env) as h:
             rec = await wait_state(h.service, claimed.id, ("delivery_unknown", "delivered"))
-            await anyio.sleep(0.3)  # a scan in which the worker could post
+            await h.after_full_scan()  # a scan in which the worker could post
     assert fake.count == 2  # the 503 and the held post; never a third
     assert rec.state == "delivery_unknown" and rec.post_unproven
     assert retried.status_code == 409 and "in flight" in retried.json()["error"]["message"]

@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from _node import TS
 from fakes.harness import make_config, running
 from fakes.producer import settle
-from test_host_clients import TS, node  # noqa: F401 - the fixture that builds the client
 
 from afterword.cli import main as cli_main
 from afterword.clients.producer import payload_hash
@@ -230,7 +230,7 @@ def _node_eval(node_bin: str, script: str, stdin: str) -> Any:
     return json.loads(done.stdout)
 
 
-def test_python_and_the_typescript_client_agree(node: str) -> None:  # noqa: F811
+def test_python_and_the_typescript_client_agree(node: str) -> None:
     numbers = _random_doubles(3000) + [v for v, _ in NUMBERS]
     payloads: list[Any] = [
         FLOATY,
@@ -258,7 +258,7 @@ def test_python_and_the_typescript_client_agree(node: str) -> None:  # noqa: F81
     assert seen["hashes"] == [payload_hash(p) for p in payloads]
 
 
-def test_node_number_tostring_is_the_reference_for_the_layout(node: str) -> None:  # noqa: F811
+def test_node_number_tostring_is_the_reference_for_the_layout(node: str) -> None:
     numbers = _random_doubles(500)
     seen = _node_eval(
         node,

@@ -15,10 +15,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 import pytest
 from _claims import make_claim
-from fakes.harness import make_config, running
+from fakes.harness import after_full_scan, make_config, running
 from fakes.producer import wait_state
 
 from afterword.continuations import Continuation, ContinuationError, ErrorInfo, ResultRecord
@@ -26,7 +25,6 @@ from afterword.continuations import lifecycle as lc
 from afterword.continuations.model import Receipt
 from afterword.worker import ChunkDelivery, ChunkReceipt
 from afterword.worker.errors import RetryableDeliveryError, UnconfirmedDeliveryError
-from afterword.worker.loop import SCAN_INTERVAL_S
 
 NOW = 1_900_000_000_000
 RESULT = ResultRecord(idempotency_key="r1", payload_hash="a" * 64, payload=b"{}", received_at_ms=NOW)
@@ -213,9 +211,9 @@ async def test_every_operator_sequence_on_the_service_posts_nothing_without_the_
                     await verbs[verb](cid)
                 except ContinuationError:
                     pass
-        await anyio.sleep(SCAN_INTERVAL_S + 0.5)  # a full scan in which the worker could post
+        await h.after_full_scan()  # a full scan in which the worker could post
     async with running(config, env, channels={"*": channel}) as h:  # recovery, then the worker
-        await anyio.sleep(SCAN_INTERVAL_S + 0.5)
+        await h.after_full_scan()
         reposted = {s: channel.calls[f"{cid}:0"] for s, cid in ids.items() if channel.calls[f"{cid}:0"] != 1}
         for cid in ids.values():
             body = h.service.status(cid, _token(h, cid))
@@ -277,5 +275,5 @@ async def test_a_migrated_unknown_delivery_stays_unproven_through_a_verdict(tmp_
         await service.resolve_continuation_delivery(rec.id, {"kind": "not_delivered"})
         with pytest.raises(ContinuationError, match="--allow-unknown"):
             await service.retry_continuation(rec.id)
-        await anyio.sleep(SCAN_INTERVAL_S + 0.3)
+        await after_full_scan(service.worker)  # type: ignore[attr-defined]
     assert outbox_lines(config) == []

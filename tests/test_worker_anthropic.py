@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from fakes import HANG, FakeAnthropic, FakeOpenAI, Reply
 from fakes.harness import make_config, running
@@ -110,7 +109,7 @@ async def test_failures_map_exactly_like_the_openai_provider(tmp_path: Path, act
             async with running(config, env) as h:
                 claimed = await reply_run(h.service, h.producer, {"summary": "x"})
                 rec = await wait_state(h.service, claimed.id)
-                await anyio.sleep(0.1)
+                await h.after_full_scan()  # a repeated (wrong) call would have been made by now
             assert fake.count == 1  # at most once: never repeated
             assert rec.last_error is not None
             outcomes.append((rec.state, rec.last_error.code, rec.last_error.message, h.outbox()))

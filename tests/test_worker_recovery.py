@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 import msgspec
 import pytest
 from fakes.harness import Harness, make_config, running
@@ -104,7 +103,7 @@ async def test_interrupted_work_is_not_replayed_after_restart(
                 ),
             )
     async with running(config, env, synthesizer=synth, channels={"*": channel}) as h2:
-        await anyio.sleep(0.3)
+        await h2.after_full_scan()
         rec = h2.service.repo.get(claimed.id)
         health = h2.service.continuation_health().status
     assert rec is not None and rec.state == state
@@ -124,7 +123,7 @@ async def test_an_origin_that_never_committed_is_abandoned_at_restart(tmp_path: 
         await binding.finalize([{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}])
         # The host dies here: finalized but never activated. The early result stays deferred.
         assert (await h.producer.submit(claimed, {"summary": "x"})).json()["deferred"] is True
-        await anyio.sleep(0.2)
+        await h.after_full_scan()
         assert synth.calls == [] and h.outbox() == []
     async with running(config, env, synthesizer=synth) as h2:
         rec = await wait_state(h2.service, claimed.id)
