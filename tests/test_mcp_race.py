@@ -139,7 +139,7 @@ async def test_close_waits_for_a_claim_already_being_admitted(tmp_path: Path) ->
                 with anyio.fail_after(WAIT_S):
                     await admitting.wait()  # admitted, not yet committed
                 tg.start_soon(close)
-                await anyio.sleep(0.2)
+                await anyio.wait_all_tasks_blocked()  # close() ran as far as it can
                 assert "closed" not in outcome  # close() is draining the admitted claim
                 release.set()
         text = str(outcome["text"])

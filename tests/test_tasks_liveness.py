@@ -206,8 +206,9 @@ async def test_tasks_ending_together_get_one_automatic_turn(state_dir: str) -> N
             with anyio.fail_after(10):
                 while not all(journal.require(t).consumed for t in ids) or coord.busy("s"):
                     await anyio.sleep(0.01)
-            for _ in range(50):  # let any further wake run to its answer
-                await anyio.sleep(0)
+            # The window no longer waits: any further (wrong) wake runs to its answer before
+            # every task is blocked again.
+            await anyio.wait_all_tasks_blocked()
             tg.cancel_scope.cancel()
     turns = [e for e in events if e.kind == "automatic_turn"]
     assert len(turns) == 1 and turns[0].turn is not None and sorted(turns[0].turn.consumed) == ids

@@ -258,29 +258,55 @@ async def test_exhausted_model_retries_stop_until_new_user_input(state_dir: str)
         assert s.journal.control(S).model_failures == 0 and not s.journal.control(S).awaiting_user
 
 
+class PendingSleeps:
+    """The coordinator's sleep (its coalescing window and retry delay), counting the waits
+    still running: with none left and every task blocked, no wake is on its way."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+    async def __call__(self, seconds: float) -> None:
+        self.pending += 1
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            self.pending -= 1
+
+    async def quiet(self, s: Stack) -> None:
+        """Return once the background loop has nothing left to do for the session."""
+        with anyio.fail_after(30):
+            while True:
+                await anyio.wait_all_tasks_blocked()
+                if self.pending == 0 and not s.coord.busy(S):
+                    return
+                await anyio.sleep(0.005)
+
+
 @pytest.mark.anyio
 async def test_background_loop_continues_once_when_a_task_ends(state_dir: str) -> None:
-    async with stack(state_dir) as s, anyio.create_task_group() as tg:
+    sleeps = PendingSleeps()
+    async with stack(state_dir, sleep=sleeps) as s, anyio.create_task_group() as tg:
         await tg.start(s.coord.run)
         tid = await handed_off(s, 1, ["sleep", "0.2"], wait=False)
         with anyio.fail_after(30):
             while not s.journal.require(tid).consumed:
                 await anyio.sleep(0.01)
-        await anyio.sleep(0.2)  # give a wrongly repeated wake the chance to show itself
+        await sleeps.quiet(s)  # a wrongly repeated wake would have run by now
         assert len(s.model.calls) == 1
         tg.cancel_scope.cancel()
 
 
 @pytest.mark.anyio
 async def test_background_loop_retries_failed_steps_then_stops(state_dir: str) -> None:
-    async with stack(state_dir, Model(fail=math.inf), retry_delay=lambda n: 0.01) as s:
+    sleeps = PendingSleeps()
+    async with stack(state_dir, Model(fail=math.inf), retry_delay=lambda n: 0.01, sleep=sleeps) as s:
         async with anyio.create_task_group() as tg:
             await tg.start(s.coord.run)
             await handed_off(s, 1)
             with anyio.fail_after(30):
                 while not s.journal.control(S).awaiting_user:
                     await anyio.sleep(0.01)
-            await anyio.sleep(0.2)
+            await sleeps.quiet(s)  # a (wrong) fourth attempt would have run by now
             tg.cancel_scope.cancel()
         assert len(s.model.calls) == 3
 
