@@ -38,6 +38,7 @@ class RecordingWorker:
         self.depth = depth
         self.outcome = outcome
         self.recorded: list[str] = []
+        self.full_scans = 0
 
     @property
     def queue_depth(self) -> int:
@@ -80,7 +81,10 @@ async def test_a_delivered_resolution_records_history_through_the_registered_wor
     assert (stored.receipt.history_recorded, stored.receipt.history_error_code) == (False, "history_full")
 
 
-def test_metrics_read_the_queue_of_the_registered_worker(service: ContinuationService) -> None:
+def test_metrics_read_the_queue_and_scans_of_the_registered_worker(service: ContinuationService) -> None:
     assert "afterword_worker_queue_depth 0.0" in render_metrics(service).decode()
-    service.register_worker(RecordingWorker(depth=7))
-    assert "afterword_worker_queue_depth 7.0" in render_metrics(service).decode()
+    worker = RecordingWorker(depth=7)
+    worker.full_scans = 3
+    service.register_worker(worker)
+    text = render_metrics(service).decode()
+    assert "afterword_worker_queue_depth 7.0" in text and "afterword_worker_scans_total 3.0" in text

@@ -191,9 +191,7 @@ async def test_the_accept_loop_evicts_the_oldest_unproven_then_reserves_then_ref
 
     async def admit(server: socket.socket) -> None:
         await queue.put(server)
-        while not queue.empty():
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await anyio.wait_all_tasks_blocked()  # the loop took it and decided its slot
 
     await admit(served[0])
     await admit(served[1])

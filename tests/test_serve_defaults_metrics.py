@@ -96,3 +96,4 @@ async def test_metrics_endpoint(tmp_path: Path) -> None:
         assert 'afterword_wal_fsync_seconds_bucket{le="+Inf"}' in text
         assert "afterword_wal_commits_total" in text and "afterword_recovery_seconds" in text
         assert "afterword_worker_queue_depth" in text and "afterword_checkpoint_last_seconds" in text
+        assert "afterword_worker_scans_total 0.0" not in text  # the loop has scanned at least once

@@ -306,7 +306,7 @@ async def test_keyed_locks_order_and_single_key_form() -> None:
             assert one.locked() and locks.locked("a") and not locks.locked("b")
             tg.start_soon(worker, "w1", ["b", "a", "a"])
             tg.start_soon(worker, "w2", ["c"])
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # both ran as far as they can
             assert order == ["w2"]  # w1 waits for "a"; w2 does not
             assert locks.locked("b") is False  # w1 takes "a" before "b": it holds nothing yet
             with pytest.raises(RuntimeError):
@@ -378,7 +378,7 @@ async def test_keyed_locks_cancelled_waiters_neither_hold_nor_strand_the_key() -
 
             tg.start_soon(handed_then_cancelled)
             tg.start_soon(waiter, "next")
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # both are queued for "a"
             doomed.cancel()  # the first queued waiter is cancelled, and before it runs ...
             await first.__aexit__(None, None, None)  # ... "a" is handed to it all the same
     assert got == ["next"]

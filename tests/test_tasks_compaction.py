@@ -45,8 +45,7 @@ async def test_a_handoff_during_a_tool_call_waits_for_the_result(state_dir: str)
             outcome = await turn.step(Message(id="u", role="user", content="go"))
             (call,) = outcome.replies[0].calls()
             tg.start_soon(compact)  # the host compacts while its tool runs
-            for _ in range(20):
-                await anyio.sleep(0)
+            await anyio.wait_all_tasks_blocked()  # compact() ran as far as it can
             assert not landed.is_set()
             await turn.commit_tool_result(Message(id="r", role="tool", content="ok", tool_call_id=call.id))
         ids = [m.id for m in await history.latest("s", 20)]

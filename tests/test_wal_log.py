@@ -227,7 +227,7 @@ async def test_cancelled_leader_does_not_strand_followers(state_dir: str) -> Non
             while wal.next_lsn < 10:  # every follower has queued behind the leader
                 await anyio.sleep(0)
             leader_scope.cancel()
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # the cancellation reached the leader mid-write
             disk.hold.set()
     assert sorted(followers.values()) == list(range(2, 10))
     assert wal.durable_lsn == 9
@@ -313,7 +313,7 @@ async def test_flush_waits_for_a_leader_in_flight_and_returns(state_dir: str) ->
             tg.start_soon(wal.commit, b"in flight")
             await anyio.to_thread.run_sync(disk.entered.wait)
             tg.start_soon(flusher)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # flush() ran as far as it can
             assert not flushed.is_set()
             disk.hold.set()
             await flushed.wait()

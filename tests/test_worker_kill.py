@@ -3,14 +3,11 @@ the interrupted work ends in a non-replayed terminal state and nothing is posted
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from _killhelpers import DetachedProducer, ServeProcess
+from _killhelpers import DetachedProducer, ServeProcess, after_full_scan
 from _service import ENV, load, outbox_lines, write_config
 from fakes import HANG, FakeOpenAI, FakeWebhook
-
-from afterword.worker.loop import SCAN_INTERVAL_S
 
 
 def test_sigkill_during_synthesis_is_dead_lettered_after_restart_and_never_resynthesized(
@@ -70,8 +67,7 @@ def test_sigkill_during_delivery_is_delivery_unknown_after_restart_and_never_rep
             hook.always(None)  # the receiver would now acknowledge at once
             with server:
                 status = producer.wait_state(claim)
-                # Give the restarted worker a full scan in which it could (wrongly) post again.
-                time.sleep(SCAN_INTERVAL_S + 0.5)
+                after_full_scan(config)  # in which the restarted worker could (wrongly) post again
                 final = producer.status(claim)
         finally:
             producer.close()
