@@ -244,7 +244,7 @@ RESTART_CASES = [
 
 
 @pytest.mark.parametrize(("state", "origin", "listed", "in_flight", "want_state", "want_origin", "want_error"), RESTART_CASES)
-def test_after_restart(
+def test_restart_ends_interrupted_work_and_abandons_unlisted_pending_origins(
     state: str,
     origin: str,
     listed: bool | None,

@@ -60,7 +60,7 @@ def test_corruption_detected_on_read(state_dir: str) -> None:
         blob_store(state_dir).get(digest)
 
 
-def test_missing_blob(state_dir: str) -> None:
+def test_a_blob_never_stored_raises_blob_missing(state_dir: str) -> None:
     blobs = blob_store(state_dir)
     with pytest.raises(BlobMissingError):
         blobs.get(blob_digest(b"never stored"))

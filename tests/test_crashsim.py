@@ -409,7 +409,7 @@ def test_acknowledging_an_inline_commit_before_its_fdatasync_is_caught(name: str
 
 
 @pytest.mark.slow
-def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_crashsim_cli_lists_runs_replays_one_state_and_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
     assert main(["list"]) == 0
     assert "checkpoint" in capsys.readouterr().out

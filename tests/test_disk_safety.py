@@ -127,7 +127,7 @@ def test_world_readable_directory(state_dir: str, sub: str) -> None:
 
 
 @pytest.mark.parametrize("what", ["record", "directory"])
-def test_wrong_owner(state_dir: str, what: str) -> None:
+def test_a_file_owned_by_another_uid_refuses_open_until_given_back(state_dir: str, what: str) -> None:
     model = populate(state_dir)
     victim = record_path(state_dir, "rec:0") if what == "record" else os.path.join(state_dir, "records")
     try:

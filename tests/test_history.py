@@ -104,7 +104,7 @@ async def test_bounded_oldest_deleted_in_the_same_transaction(store: RecordStore
 
 
 @pytest.mark.anyio
-async def test_survives_reopen(state_dir: str) -> None:
+async def test_messages_and_their_meta_survive_a_reopen_and_take_appends(state_dir: str) -> None:
     meta: dict[str, str | int | bool | None] = {"kind": "x", "n": 3, "flag": True, "none": None}
     opener = Message(id="a1", role="assistant", content="", tool_calls=("call-1",), meta=meta)
     with RecordStore.open(state_dir, options=OPTIONS) as store:

@@ -201,7 +201,7 @@ def test_a_service_that_refuses_to_start_after_a_kill_is_flagged(tmp_path: Path)
     not os.environ.get("AFTERWORD_KILLTEST_SOAK"), reason="set AFTERWORD_KILLTEST_SOAK to run"
 )
 @pytest.mark.timeout(4 * 3600)
-def test_soak(tmp_path: Path) -> None:
+def test_soak_of_many_kills_finds_no_problem(tmp_path: Path) -> None:
     value = os.environ["AFTERWORD_KILLTEST_SOAK"]
     kills = SOAK["kills"] if value == "1" else int(value)
     report = run_killtest(**{**SOAK, "kills": kills}, workdir=str(tmp_path))
