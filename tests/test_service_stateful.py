@@ -31,7 +31,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -72,7 +72,21 @@ HISTORIES: dict[str, list[dict[str, str]]] = {
 }
 TOTALS = Stats()
 RULES: Counter[str] = Counter()
-logging.getLogger("afterword").setLevel(logging.CRITICAL)  # crashes log by design; keep CI quiet
+
+
+@pytest.fixture(autouse=True)
+def _quiet_afterword_logs() -> Iterator[None]:
+    """Crashes log by design; keep CI quiet, for this module's test only: a module-level
+    setLevel leaked into every later test of the same process (under pytest-xdist, into
+    whichever tests shared the worker)."""
+    logger = logging.getLogger("afterword")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
 
 picks = st.integers(0, 1 << 16)
 # The operator verbs a race sends while a post is in flight: (path verb, body).
