@@ -97,7 +97,7 @@ def test_compare_quick_reports_every_system_and_setting(tmp_path: Path) -> None:
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
 @pytest.mark.slow
 def test_benchmark_suites_execute_once(tmp_path: Path) -> None:
-    proc = run_python(["-m", "pytest", "bench", "-q", "--benchmark-disable", "-x"], tmp_path)
+    proc = run_python(["-m", "pytest", "bench", "-q", "--benchmark-disable", "-x", "-n", "0"], tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout
 

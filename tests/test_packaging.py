@@ -6,6 +6,7 @@ delivered answer."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -20,12 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_wheel(out: Path) -> Path:
-    done = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # The build writes build/ and *.egg-info in the checkout: one build at a time (pytest-xdist
+    # runs this file's two tests in two processes).
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / ".afterword-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run(
+            [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     [wheel] = out.glob("afterword-*.whl")
     return wheel

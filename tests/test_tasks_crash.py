@@ -117,7 +117,9 @@ def test_killed_around_every_tool_result_then_reopened(tmp_path: Path) -> None:
     # The waited-for task is notified instead of reported; the hostile call never ran (its
     # stand-in answers it too), so two tasks, both notified once.
     assert counts.get("reported", 0) == 0 and counts["notified"] == 2 and counts["stand_ins"] == 2
-    for nth in (1, 2, 3, 5, 6, 7, 8, 9):
+    # The first and last of the nine; the slow test_killed_at_every_write_of_a_turn_then_reopened
+    # kills after every write of the turn, these included.
+    for nth in (1, 9):
         crash_and_recover(tmp_path, f"{COMMIT}@{nth}", 1)
 
 
