@@ -113,6 +113,7 @@ def _module(name: str, found: dict[str, str], tests_dir: Path) -> None:
         if kind:
             found[name] = kind
             return
+    name = name.removeprefix("tests.")
     if name.startswith("test_"):  # another test module: what it needs, this one needs too
         other = next(tests_dir.rglob(name + ".py"), None)
         if other is not None:
