@@ -86,8 +86,8 @@ class ExecutionCoordinator:
             sessions (see :class:`SessionEvent`); it must not block.
         coalesce_window: seconds the background loop waits after a session's first change
             before waking it, so ends that arrive together are handled by one turn.
-        sleep: how the loop waits, out that window and before a retry (injected by tests to
-            step it or to see that no wake is on its way).
+        sleep: how the loop waits out that window and a retry's delay (injected by tests to
+            step it, or to see that no wake is on its way).
     """
 
     def __init__(
