@@ -1,7 +1,7 @@
 """Which tree a test module belongs in (tests/README.md), decided from what it imports and uses.
 
 ``python tests/_layout.py tests/test_new.py`` prints the tree for each file named, with the
-evidence; ``tests/test_layout.py`` holds every module to it.
+evidence; ``tests/unit/test_layout.py`` holds every module to it.
 
 - ``e2e``: the test starts, signals or kills a real process other than pytest's own (directly,
   through the CLI/serve helpers, or through the task supervisor), or drives Node, a browser

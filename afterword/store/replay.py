@@ -20,7 +20,7 @@ many times, and what replay must produce depends only on each key's last operati
 
 Sums are modulo 2**128 and commute, so the digests equal the step-by-step path's
 (``ReplayCheck.op`` then ``CommittedState.apply`` per operation, which watchers still get,
-and which ``tests/test_store_replay_fused.py`` compares this with).
+and which ``tests/unit/test_store_replay_fused.py`` compares this with).
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def read_spans(data: bytes, offset: int, salt: int, expect: int, max_payload: in
     next expected lsn. Nothing is copied out of ``data`` and no object is made per frame.
 
     The C loop (``native.py``) when it is built, else :func:`read_spans_py`; both stop at
-    the same frame and give the same spans (``tests/test_wal_fastscan.py``).
+    the same frame and give the same spans (``tests/e2e/test_wal_fastscan.py``).
     """
     fast = fast_read_spans  # a module global, so a test can turn the C loop off
     if fast is not None and offset >= 0 and 0 <= expect < _U63 and 0 <= salt < _U63 << 1:

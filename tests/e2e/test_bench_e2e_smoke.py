@@ -18,7 +18,7 @@ import pytest
 
 from bench.e2e import Figure, process_cpu_seconds, ratios
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_ratios_pair_each_scenario_with_the_bare_ceiling_at_its_producer_count() -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from bench import compare, issue20
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _store_row(system: str, setting: str, kind: str, c: int | None, ops: float, seconds: float = 1.0) -> compare.Row:

@@ -21,7 +21,7 @@ from afterword.store import Put, RecordStore, StoreOptions
 from afterword.wal import WalOptions, WriteAheadLog
 from bench import compare
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONCURRENCY = (1, 4, 16, 64)
 RUN_TIMEOUT = 150  # seconds; each command normally takes well under a minute
 

@@ -289,7 +289,7 @@ def test_the_start_banner_names_destinations_without_secrets(tmp_path: Path) -> 
 def test_readme_opens_with_what_it_is_then_the_two_commands() -> None:
     """Three plain lines (what afterword is, for whom, which problem), then the Python it
     needs and the two commands (the demo, the tests), then how long the tests take."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     lines = (root / "README.md").read_text(encoding="utf-8").splitlines()
     assert lines[0] == "# afterword"
     body = [line for line in lines[1:] if line.strip()]

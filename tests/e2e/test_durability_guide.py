@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # examples/, bench/ and tools/ are top-level folders, not installed
     sys.path.insert(0, str(ROOT))
 
@@ -30,8 +30,8 @@ PYTHON = [body for lang, body in BLOCKS if lang == "python"]
 COMMANDS = [line for lang, body in BLOCKS if lang == "sh" for line in body.splitlines() if line.strip()]
 # Commands that a dedicated test runs exactly (and checks more closely than "it exits 0").
 COVERED = {
-    test_jobqueue_crash.GUIDE_COMMAND: "tests/test_jobqueue_crash.py",
-    test_bench_jobqueue.GUIDE_COMMAND: "tests/test_bench_jobqueue.py",
+    test_jobqueue_crash.GUIDE_COMMAND: "tests/e2e/test_jobqueue_crash.py",
+    test_bench_jobqueue.GUIDE_COMMAND: "tests/e2e/test_bench_jobqueue.py",
 }
 
 

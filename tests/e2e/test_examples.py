@@ -25,7 +25,7 @@ from _service import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOKEN = "walkthrough-token-0123456789abcdef"
 
 

@@ -32,7 +32,7 @@ import afterword
 pytestmark = pytest.mark.skipif(
     version("mcp").startswith("1."), reason="FastMCP 4 runs on the MCP SDK 2.x only"
 )
-EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "fastmcp_server.py")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "fastmcp_server.py")
 
 
 @pytest.mark.anyio

@@ -27,7 +27,7 @@ from _service import write_config
 
 from afterword.cli import main as cli_main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LEASE_MS = 1500  # short, so the TypeScript lease test waits little; heartbeats run every 500 ms
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.killtest import run_killtest
 from tools.killtest.__main__ import SOAK

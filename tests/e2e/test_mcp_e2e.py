@@ -25,7 +25,7 @@ from afterword.continuations.model import Continuation
 from afterword.mcp_host import connect_servers, sdk_line, settle_run, tool_outcome
 from afterword.protocol.views import status_body
 
-EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "work_control_server.py")
 WAIT_S = 30.0
 STATELESS_REVISION = "2026-07-28"
 # Values an operator (or a model, via a config it could influence) copied into the MCP config:

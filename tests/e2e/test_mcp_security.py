@@ -31,7 +31,7 @@ from afterword.producer import (
     task_hash,
 )
 
-EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "work_control_server.py")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "work_control_server.py")
 HISTORY = [{"role": "user", "content": "do it"}, {"role": "assistant", "content": "started"}]
 ROUTING_FIELDS = {
     "conversationId": "slack:C_ATTACKER:T_1",

@@ -26,7 +26,7 @@ from _service import ENV, write_config
 from afterword.clients import mcp_sdk
 from afterword.clients.mcp_sdk import McpSdkUnavailable, installed_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ATTEMPT = "MCP IMPORT ATTEMPTED:"
 BLOCKER = f"""
 import atexit, sys

@@ -55,7 +55,7 @@ async def test_every_registered_route_is_documented_and_served(tmp_path: Path) -
         registered = set()
         for rule in app.url_map.iter_rules():
             if rule.endpoint == "static" or rule.endpoint.startswith("ui."):
-                continue  # the status page's HTML (tests/test_ui_http.py), not the JSON API
+                continue  # the status page's HTML (tests/service/test_ui_http.py), not the JSON API
             path = rule.rule.replace("<", "{").replace(">", "}")
             for method in rule.methods or ():
                 if method not in ("HEAD", "OPTIONS"):

@@ -2,7 +2,7 @@
 item 13). The outbox is afterword's own file and declares ``can_reconcile``: at the next start
 each chunk's delivery key is looked up; all present is a delivery with those receipts, and
 otherwise only the missing chunks are posted (the outbox skips a key it already holds).
-Slack and webhook cannot reconcile (tests/test_worker_kill.py, tests/test_worker_recovery.py).
+Slack and webhook cannot reconcile (tests/e2e/test_worker_kill.py, tests/service/test_worker_recovery.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 
 import afterword.http.ui
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_wheel(out: Path) -> Path:

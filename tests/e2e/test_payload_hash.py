@@ -3,7 +3,7 @@ the server, the Python producer, the TypeScript client and ``afterword payload-h
 against each other and against Node's own number formatting.
 
 The Node half needs node >= 20 and the TypeScript client's node_modules (as
-tests/test_host_clients.py: skipped without them, a failure under ``CI=true``).
+tests/e2e/test_host_clients.py: skipped without them, a failure under ``CI=true``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _service import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "producer-protocol.md"
 
 pytestmark = pytest.mark.timeout(300)

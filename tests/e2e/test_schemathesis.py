@@ -14,7 +14,7 @@ type and body match the document, and every error is exactly the JSON envelope.
 
 ``AFTERWORD_SCHEMATHESIS_EXAMPLES`` sets the examples per operation and generation mode for
 the embedded target (default 10; the subprocess gets half), about 30-60 s together here. A
-longer run: ``AFTERWORD_SCHEMATHESIS_EXAMPLES=500 pytest tests/test_schemathesis.py``.
+longer run: ``AFTERWORD_SCHEMATHESIS_EXAMPLES=500 pytest tests/e2e/test_schemathesis.py``.
 """
 
 from __future__ import annotations

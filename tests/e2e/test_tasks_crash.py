@@ -25,7 +25,7 @@ from afterword.history import DurableHistory, Message, open_tool_calls
 from afterword.store import RecordStore
 from afterword.tasks import NOTIFICATION_KIND, TaskJournal, core
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOST = REPO / "tests" / "_task_crash_host.py"
 
 

@@ -163,6 +163,6 @@ def test_a_second_process_on_the_same_state_directory_is_refused(state_dir: str)
     with RecordStore.open(state_dir, options=SMALL):
         run = subprocess.run(
             [sys.executable, "-c", code, state_dir], capture_output=True, text=True, timeout=60,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
     assert run.stdout.strip() == "refused: StoreLockedError", run.stderr

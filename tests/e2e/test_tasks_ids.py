@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from test_tasks_toolloop import opened
 
 from afterword.history import Message, MessageIdConflict, ToolCall, ToolCallIdReused, open_tool_calls
 from afterword.tasks import ExecutionCoordinator, TaskNotifications, ToolResult, TurnRunner
-from tests.test_tasks_toolloop import opened
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.anyio

@@ -13,10 +13,10 @@ import signal
 import time
 
 import pytest
+from test_tasks_supervisor import OPTIONS, orphaned_child, supervised  # noqa: F401 (fixture)
 
 from afterword.store import RecordStore
 from afterword.tasks import TaskJournal, core, procinfo
-from tests.test_tasks_supervisor import OPTIONS, orphaned_child, supervised  # noqa: F401 (fixture)
 
 
 def command_pids(wrapper: int, identity: str | None) -> list[int]:

@@ -16,7 +16,7 @@ from afterword.store import RecordStore
 from afterword.tasks import NOTIFICATION_KIND, TaskJournal, TaskRuntime, ToolResult, core
 from tests._disk_helpers import SMALL
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_example_host_runs_the_whole_story() -> None:

@@ -33,7 +33,7 @@ from afterword.wal.frame import (
 )
 from afterword.wal.shadow import encode_shadow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEG = 4096
 
 

@@ -17,7 +17,7 @@ import hypercorn.protocol.h11
 import afterword.http as http_package
 from afterword.http.transport import _Connection, _Http11
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _pinned() -> str:

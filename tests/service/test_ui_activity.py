@@ -137,7 +137,7 @@ async def test_the_cli_prints_or_opens_a_one_time_login(
         assert h.service.operator_token() not in out.out + out.err
         assert await anyio.to_thread.run_sync(cli_main, [*argv, "--open", "--json"]) == 0
         body: dict[str, Any] = json.loads(capsys.readouterr().out)
-        # the browser got a file that forwards to the link (tests/test_ui_open.py has more)
+        # the browser got a file that forwards to the link (tests/e2e/test_ui_open.py has more)
         assert set(body) == {"loginUrl", "expiresAt"} and len(opened) == 1
         assert f'content="0;url={body["loginUrl"]}"' in opened[0] and len(cleanups) == 1
         remove_private_scratch(cleanups[0][0])  # the cleaner this test did not start

@@ -159,7 +159,7 @@ async def test_an_unconfirmed_slack_success_is_delivery_unknown_not_retried(
 @pytest.mark.anyio
 async def test_a_retryable_failure_is_retried_after_backoff_then_delivered(tmp_path: Path) -> None:
     # A webhook 5xx is retried with the same Idempotency-Key (a Slack 5xx is an unknown
-    # outcome instead: tests/test_channel_outcomes.py).
+    # outcome instead: tests/service/test_channel_outcomes.py).
     clock = Clock()
     with FakeWebhook() as fake:
         fake.script(FakeWebhook.server_error(502))

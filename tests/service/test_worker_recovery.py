@@ -60,7 +60,7 @@ async def test_durable_text_is_delivered_after_restart_without_a_second_synthesi
 
 class Unprovable:
     """A channel that cannot say what it holds (like Slack or a webhook): no can_reconcile.
-    The outbox can, and its interrupted deliveries are settled by tests/test_outbox_reconcile.py."""
+    The outbox can, and its interrupted deliveries are settled by tests/e2e/test_outbox_reconcile.py."""
 
     max_chunk_chars = 4000
 

@@ -1,12 +1,12 @@
 """The durability layer's supported surface: the names docs/durability-layer.md and
-examples/jobqueue/ use, with their signatures, recorded in tests/api_surface.json.
+examples/jobqueue/ use, with their signatures, recorded in tests/unit/api_surface.json.
 
 The surface is computed from the code itself: every name imported from ``afterword`` or
 ``tools.crashsim`` in the guide's Python blocks and the job queue's modules, and, for each
 imported class, every public member whose name the code uses as an attribute. The test fails
 when a recorded name disappears or its signature changes, and when the code starts using a
 name the file does not record. After a deliberate change, rewrite the file with
-``AFTERWORD_API_SURFACE=write python -m pytest tests/test_api_surface.py``.
+``AFTERWORD_API_SURFACE=write python -m pytest tests/unit/test_api_surface.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tools/ and examples/ are top-level folders, not installed
     sys.path.insert(0, str(ROOT))
 

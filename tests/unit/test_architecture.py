@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 400
 
 # -- the allowlists: the one place an exception is granted, each only while its owner works ------

@@ -16,7 +16,7 @@ import pytest
 from afterword.config import mcp as mcp_loader
 from afterword.config import raw
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
 
 # Fields typed ``dict[str, Any]`` or ``list[...]`` whose values are converted entry by entry:
 # the element type the loader uses, and how the reference writes the element's path.

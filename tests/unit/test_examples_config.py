@@ -6,7 +6,7 @@ from pathlib import Path
 
 import afterword
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_example_config_loads() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from afterword.store import keys
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = bytes(range(32))
 
 # Typed out here, not read from the module: constant name -> the label bytes on disk.

@@ -6,7 +6,7 @@ import shlex
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_slow_is_registered_and_deselected_by_default() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from test_tasks_toolloop import Script, opened
 
 from afterword.history import Message, ToolCall
 from afterword.tasks import (
@@ -15,7 +16,6 @@ from afterword.tasks import (
     TurnRunner,
 )
 from afterword.tasks.turns import context_since_handoff
-from tests.test_tasks_toolloop import Script, opened
 
 
 def orphan_results(context: list[Message]) -> list[str]:

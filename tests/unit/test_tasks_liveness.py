@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import anyio
 import pytest
+from test_tasks_toolloop import Script, Tools, opened
 
 from afterword.history import Message, ToolCall, open_tool_calls
 from afterword.tasks import (
@@ -21,7 +22,6 @@ from afterword.tasks import (
     TurnRunner,
     core,
 )
-from tests.test_tasks_toolloop import Script, Tools, opened
 
 
 class Looping:

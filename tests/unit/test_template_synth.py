@@ -18,7 +18,7 @@ from afterword.worker.synth import (
     render_template,
 )
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 @pytest.mark.parametrize("key", SUMMARY_KEYS)
