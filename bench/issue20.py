@@ -37,7 +37,7 @@ DBOS_INFLIGHT = 64
 OWN_CPU_BEFORE_MS = {1: 4.05, 32: 2.5}
 
 # Where docs/performance.md gives each figure's profile evidence and next design (headings'
-# anchors; tests/test_bench_issue20.py checks that each one exists).
+# anchors; tests/e2e/test_bench_issue20.py checks that each one exists).
 WAL_EVIDENCE = "#how-the-leader-gets-a-batch-written-one-commit-path"
 OPEN_EVIDENCE = "#store-open-issue-20"
 SERVICE_OPEN_EVIDENCE = "#the-services-start-tombstones-stay-unread"

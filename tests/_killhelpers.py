@@ -14,6 +14,10 @@ from typing import Any
 import httpx
 from _service import DETACHED_TOKEN, deadline, payload_hash
 
+from afterword.clients.operator import read_operator_token
+from afterword.config import Config
+from afterword.protocol.paths import METRICS
+
 REPO = Path(__file__).resolve().parent.parent
 TERMINAL = ("delivered", "delivery_unknown", "expired", "cancelled", "dead_lettered")
 
@@ -112,3 +116,28 @@ class DetachedProducer:
 
     def close(self) -> None:
         self.client.close()
+
+
+def after_full_scan(config: Config, timeout: float = 30.0) -> None:
+    """Return once the served worker loop has made a full scan that began after this call and
+    has nothing queued or in progress, read from its metrics: whatever the worker would do with
+    the records as they stand (even wrongly) has then been done, without guessing a duration."""
+
+    def read() -> tuple[float, float]:
+        text = httpx.get(
+            config.base_url + METRICS, headers={"Authorization": f"Bearer {read_operator_token(config)}"}, timeout=10
+        ).text
+        values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("afterword_worker_"))
+        return float(values["afterword_worker_scans_total"]), float(values["afterword_worker_queue_depth"])
+
+    # The scrape runs on the worker's event loop and a scan's dispatch never awaits, so any scan
+    # counted after this first read began after it.
+    seen, _ = read()
+    end = time.monotonic() + timeout
+    while True:
+        scans, depth = read()
+        if scans > seen and depth == 0:
+            return
+        if time.monotonic() > end:
+            raise TimeoutError(f"the worker made {scans - seen:.0f} full scans in {timeout} s")
+        time.sleep(0.05)

@@ -1,4 +1,4 @@
-"""A task host that SIGKILLs itself after its k-th durable write (tests/test_tasks_crash.py).
+"""A task host that SIGKILLs itself after its k-th durable write (tests/e2e/test_tasks_crash.py).
 
 ``python tests/_task_crash_host.py STATE_DIR KILL_AT SESSIONS``: opens a ``TaskRuntime`` over
 STATE_DIR (recovering whatever a killed run left), starts each session's user turn unless the

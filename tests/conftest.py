@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from _cli import FakeWebhook
+from _node import built_node
 
 
 @pytest.fixture
@@ -28,3 +29,9 @@ def hook() -> Iterator[FakeWebhook]:
     fake = FakeWebhook(hang_s=5.0)
     yield fake
     fake.close()
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """Node >= 20 with the TypeScript client compiled (once per source state, see _node.py)."""
+    return built_node()

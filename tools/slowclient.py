@@ -13,7 +13,7 @@ attack connections the server still holds at the peak and after (from its own me
 operator (``/v1/operator/health``) and a producer (a detached claim) each ask once a second
 on a fresh connection; it counts their answers by status.
 
-Prints one JSON object. Nothing here is asserted; tests/test_http_connections.py holds the
+Prints one JSON object. Nothing here is asserted; tests/e2e/test_http_connections.py holds the
 checks, this is the measurement behind the figures in docs/http-hardening.md.
 """
 

@@ -84,6 +84,8 @@ class WorkerHandle(HistoryRecorder, Protocol):
     @property
     def queue_depth(self) -> int: ...
 
+    full_scans: int  # full scans the loop has dispatched (the worker's liveness in metrics)
+
 
 class AcceptStats(Protocol):
     @property

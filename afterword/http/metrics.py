@@ -34,6 +34,10 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily(
             "afterword_worker_queue_depth", "Continuations queued or in progress", value=depth
         )
+        scans = svc.worker.full_scans if svc.worker is not None else 0
+        yield CounterMetricFamily(
+            "afterword_worker_scans", "Full scans of the live continuations by the worker loop", value=scans
+        )
         acceptor = svc.http_server.acceptor if svc.http_server is not None else None
         if acceptor is not None:
             yield GaugeMetricFamily(

@@ -3,7 +3,7 @@
 Bodies come from :func:`msgspec.json.schema_components` over the same Structs the server
 decodes and encodes, so a field added to a wire type is in the document without anyone
 editing it. The operations themselves (credential, bodies, error statuses) are the table in
-:mod:`afterword.http.operations`; ``tests/test_openapi.py`` checks that every route the app
+:mod:`afterword.http.operations`; ``tests/e2e/test_openapi.py`` checks that every route the app
 registers is listed and that every listed status is actually produced.
 
 ``python -m afterword.http.openapi`` prints the document; the copy shipped beside this module

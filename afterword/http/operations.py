@@ -2,7 +2,7 @@
 its request and response bodies, and the error statuses it can answer.
 
 :mod:`afterword.http.openapi` turns this table into the OpenAPI document, and
-``tests/test_openapi.py`` checks it against the routes the app registers and the statuses the
+``tests/e2e/test_openapi.py`` checks it against the routes the app registers and the statuses the
 service really answers. Paths come from :mod:`afterword.protocol.paths`.
 """
 

@@ -6,7 +6,7 @@ each of 100 streams per connection gets its own body allowance. What hypercorn's
 (``hypercorn_config`` in ``server.py``) and the ASGI middleware (``gate.py``) cannot do needs
 the connection: our accept loop (``acceptor.py``, plain asyncio) admits connections, and this
 module runs hypercorn's HTTP/1.1 protocol on each, against the exact hypercorn version pinned
-in pyproject.toml; ``tests/test_http_transport_pin.py`` fails on an upgrade that changes any
+in pyproject.toml; ``tests/service/test_http_transport_pin.py`` fails on an upgrade that changes any
 internal used below. Together they keep these rules:
 
 1. connections are admitted to ``max_connections`` general slots; when those are full, one

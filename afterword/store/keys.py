@@ -3,7 +3,7 @@
 Every purpose label is listed here and nowhere else. A label is part of the on-disk contract:
 the state directory keeps only the secret, and every token, id and binding MAC is recomputed
 from ``derive_key(secret, label)``; renaming a label would invalidate every token already
-handed out and every claim MAC already stored. ``tests/test_key_labels.py`` pins each label's
+handed out and every claim MAC already stored. ``tests/unit/test_key_labels.py`` pins each label's
 derived key against an independent computation.
 """
 

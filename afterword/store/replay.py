@@ -16,7 +16,7 @@ What replay must produce depends only on each key's last operation, and on the d
   hashed).
 
 Sums are modulo 2**128 and commute, so the order of the terms does not matter.
-``tests/test_store_replay_fused.py`` holds the per-operation definition (subtract the prior,
+``tests/unit/test_store_replay_fused.py`` holds the per-operation definition (subtract the prior,
 add the put, apply the after-image) and checks this pass against it on generated logs,
 including logs that do not match their records.
 """

@@ -86,7 +86,8 @@ class ExecutionCoordinator:
             sessions (see :class:`SessionEvent`); it must not block.
         coalesce_window: seconds the background loop waits after a session's first change
             before waking it, so ends that arrive together are handled by one turn.
-        sleep: how the loop waits out that window (injected by tests to step it).
+        sleep: how the loop waits out that window and a retry's delay (injected by tests to
+            step it, or to see that no wake is on its way).
     """
 
     def __init__(
@@ -346,5 +347,5 @@ class ExecutionCoordinator:
             self._tg.start_soon(self._retry_later, session_id, self.retry_delay(control.model_failures))
 
     async def _retry_later(self, session_id: str, delay: float) -> None:
-        await anyio.sleep(delay)
+        await self._sleep(delay)
         self._post(session_id)

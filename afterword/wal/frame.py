@@ -140,7 +140,7 @@ def read_spans(data: bytes, offset: int, salt: int, expect: int, max_payload: in
     next expected lsn. Nothing is copied out of ``data`` and no object is made per frame:
     one ``unpack_from`` per frame, hashing straight from a memoryview of the segment with one
     reused hasher. Stops exactly where :func:`decode_frame_at` would reject the frame or its
-    lsn is not the expected one (``tests/test_wal_read_spans.py``).
+    lsn is not the expected one (``tests/unit/test_wal_read_spans.py``).
     """
     view = memoryview(data)
     unpack = _FRAME_WITH_CHECK.unpack_from

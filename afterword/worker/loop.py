@@ -71,6 +71,9 @@ class Worker(Steps):
         self._stopped = anyio.Event()
         self._tg: TaskGroup | None = None
         self._retention_running = False
+        # Full scans dispatched so far: lets a caller wait for "the worker has looked at every
+        # live record since now" instead of guessing how long that takes.
+        self.full_scans = 0
         self.retention_interval_s = RETENTION_INTERVAL_S
         self.drain_seconds = DRAIN_SECONDS  # how long stop() lets in-flight work finish
         ports.subscribe(self._on_change)
@@ -166,6 +169,8 @@ class Worker(Steps):
                     last_scan = now
                 try:
                     self._dispatch(tg, full)
+                    if full:
+                        self.full_scans += 1
                 except IndexCorrupt as exc:
                     # Fail closed: no work is started from an index that no longer matches
                     # durable state; health and every request report it until a restart.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 from _service import ENV, outbox_lines, write_config
 
@@ -34,6 +35,22 @@ class Harness:
 
     def outbox(self) -> list[dict[str, Any]]:
         return outbox_lines(self.config)
+
+    async def after_full_scan(self) -> None:
+        await after_full_scan(self.worker)
+
+
+async def after_full_scan(worker: Worker, timeout: float = 10.0) -> None:
+    """Return once the running worker loop has dispatched a full scan that began after this
+    call and every step it started has ended.
+
+    Whatever the worker would do with the records as they stand now (even wrongly) has then
+    been done, so a test can assert that nothing happened without guessing a duration.
+    """
+    seen = worker.full_scans
+    with anyio.fail_after(timeout):
+        while worker.full_scans <= seen or worker.queue_depth > 0:
+            await anyio.sleep(0.005)
 
 
 def make_config(

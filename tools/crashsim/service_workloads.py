@@ -819,7 +819,7 @@ class _Session:
         self.synth = FakeSynthesizer(self._synthesizing, local=workload.local)
         self.channel: RecordingChannel | RecordingOutbox = (
             # Injected I/O errors are aimed at the store: the outbox's own error handling has
-            # its tests (tests/test_outbox_group_commit.py), so it writes past the faults.
+            # its tests (tests/unit/test_outbox_group_commit.py), so it writes past the faults.
             RecordingOutbox(outbox_path(state_dir), _unfaulted(disk, journal), self._posted, self._durable)
             if workload.outbox
             else RecordingChannel(self._posted)

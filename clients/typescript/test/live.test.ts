@@ -1,4 +1,4 @@
-// Against a real `afterword serve` (tests/test_host_clients.py starts one and sets
+// Against a real `afterword serve` (tests/e2e/test_host_clients.py starts one and sets
 // AFTERWORD_BASE_URL and AFTERWORD_HOST_TOKEN_FILE); skipped without one.
 import { test } from "node:test";
 import assert from "node:assert/strict";
