@@ -60,7 +60,7 @@ from afterword.store.codec import (
 )
 from afterword.store.errors import StoreCorruptError
 from afterword.wal.errors import WalCorruptError
-from afterword.wal.frame import SegmentHeader, encode_frame, encode_segment_header
+from afterword.wal.layout import SegmentHeader, encode_frame, encode_segment_header
 from afterword.wal.scan import SegmentImage, scan_chain
 
 EXAMPLES = int(os.environ.get("AFTERWORD_FUZZ_EXAMPLES", "60"))

@@ -17,9 +17,9 @@ import anyio.lowlevel
 
 from ..disk import StateRoot, StorageFullError
 from .committer import Committer
-from .frame import SEGMENT_HEADER_SIZE
-from .frames import LogFrames
 from .highwater import HighWater
+from .layout import SEGMENT_HEADER_SIZE
+from .log_frames import LogFrames
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
 from .recovery import recover
 from .scan import NamedSegment
@@ -82,7 +82,7 @@ class WriteAheadLog(SegmentLog):
         high_water: HighWater | None = None,
     ) -> tuple[WriteAheadLog, LogFrames]:
         """Open (creating if needed) and return the log plus the frames to replay (spans into
-        the segments read, see ``frames.py``).
+        the segments read, see ``log_frames.py``).
 
         ``named`` and ``acked_lsn`` are the MANIFEST's evidence: every named segment life
         must be present and the log must reach ``acked_lsn``, else ``WalEvidenceError``
