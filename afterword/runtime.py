@@ -29,7 +29,7 @@ from .store import OwnershipLostError, RecordStore, StoreOptions
 
 if TYPE_CHECKING:
     from .worker.channels import Channel
-    from .worker.synth import Synthesizer
+    from .worker.synthesizers import Synthesizer
 
 __all__ = [
     "open_service",

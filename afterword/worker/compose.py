@@ -10,7 +10,7 @@ from ..history import ConversationHistory, DurableHistory
 from . import channels as ch
 from .channels import Channel
 from .loop import Worker
-from .synth import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
+from .synthesizers import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
 
 
 def synthesizer_from_config(config: Config, environ: Mapping[str, str]) -> Synthesizer:
