@@ -269,12 +269,12 @@ def test_no_upward_import_between_the_layers_of_the_design_table() -> None:
 def test_the_http_clients_import_no_server_code() -> None:
     # A tool server or a host in another process imports these; they share only the wire
     # (protocol/), the domain's pure rules and errors, and config with the service.
-    # (operator.py reads the state secret; mcp_host.py drives an in-process RunBinding.)
+    # (operator.py reads the state secret; mcp_sessions.py drives an in-process RunBinding.)
     server = {
         f"afterword.{name}" for name in ("app", "http", "worker", "store", "wal", "disk", "legacy", "runtime")
     }
     graph = import_graph(ROOT)
-    for client in ("host", "producer", "capability", "producer_errors"):
+    for client in ("hostapi_client", "producer", "capability", "producer_errors"):
         module = f"afterword.clients.{client}"
         assert {_unit(t) for t in graph[module]} & server == set(), module
 

@@ -18,7 +18,7 @@ from ..blobs import BlobQuotaExceeded, BlobTooLarge
 from ..continuations.errors import RequestTooLarge
 from ..continuations.rules import MAX_CLAIM_BODY
 from ..protocol import paths
-from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
+from ..protocol.hostapi_wire import BeginRunRequest, CapturedTextBody, FinalizeRequest
 from ..protocol.tasks import AdoptTaskRequest, TaskOutcome
 from . import verb_routes as verbs
 from .messages import bearer as _bearer
