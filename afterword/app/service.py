@@ -25,7 +25,7 @@ from ..blobs import BlobStore
 from ..config import Config
 from ..continuations.errors import ServiceDisabled
 from ..continuations.model import Continuation
-from ..legacy.migrate import Fence
+from ..legacy.migrate import RollbackGuard
 from ..protocol.tasks import TaskOutcome, TaskReport
 from ..protocol.wire import (
     ClaimRequest,
@@ -93,8 +93,8 @@ class ContinuationService:
         self.keys = ServiceKeys.derive(store.secret)
         self.urls = ServiceUrls(config.base_url)
         self.repo = Repository(store)
-        self.fence = Fence(store)
-        self.ledger = Ledger(store, self.repo, self.fence, clock_ms)
+        self.rollback_guard = RollbackGuard(store)
+        self.ledger = Ledger(store, self.repo, self.rollback_guard, clock_ms)
         capabilities = CapabilityRegistry()
         self.claims = Claims(config, self.ledger, self.keys, self.urls, capabilities, self.environ)
         self.results = Results(self.ledger, self.keys, self.payloads)
