@@ -29,7 +29,7 @@ from .store import OwnershipLostError, RecordStore, StoreOptions
 
 if TYPE_CHECKING:
     from .worker.channels import Channel
-    from .worker.synth import Synthesizer
+    from .worker.synthesizers import Synthesizer
 
 __all__ = [
     "open_service",
@@ -126,7 +126,7 @@ async def open_service(
                     await http.start(tg)
                     tg.start_soon(host_runs(service).run)  # leases of runs bound over HTTP
                 # Hosts following MCP tasks, embedded or over HTTP, must keep reporting.
-                tg.start_soon(service.tasks.run_host_leases)
+                tg.start_soon(service.run_task_host_leases)
                 if run_worker:
                     await tg.start(worker.run)
                 if follower is not None:

@@ -29,7 +29,7 @@ import anyio
 
 from ..continuations.errors import AdmissionLimit, Closed, Conflict, NotFound, RunClosed
 from ..continuations.rules import check_host_run, format_ms
-from ..protocol.host import AbandonReason, RunBody, RunState, ServerBinding
+from ..protocol.hostapi_wire import AbandonReason, RunBody, RunState, ServerBinding
 from ..protocol.tasks import AdoptedTask, TaskHandle
 from .leases import lapsed, lease_loop, lease_state
 

@@ -48,7 +48,7 @@ V = TypeVar("V")
 CACHED = 4096  # entries per cache: more than the continuations a busy service has in flight
 
 
-class Remembered(Generic[K, V]):
+class BoundedCache(Generic[K, V]):
     """A bounded map of values already derived (or verified); the oldest entry goes first.
 
     Each request used to derive the same HMACs again: the result token at the HTTP layer's
@@ -93,14 +93,14 @@ class ServiceKeys:
     cursor: bytes = field(repr=False)
     status_page: bytes = field(repr=False)
     # What was already derived from these keys (never shown, never compared).
-    _result_tokens: Remembered[str, str] = field(
-        default_factory=Remembered, init=False, repr=False, compare=False
+    _result_tokens: BoundedCache[str, str] = field(
+        default_factory=BoundedCache, init=False, repr=False, compare=False
     )
-    _claim_macs: Remembered[str, tuple[Claim, str]] = field(
-        default_factory=Remembered, init=False, repr=False, compare=False
+    _claim_macs: BoundedCache[str, tuple[Claim, str]] = field(
+        default_factory=BoundedCache, init=False, repr=False, compare=False
     )
-    _claim_tokens: Remembered[str, str] = field(
-        default_factory=Remembered, init=False, repr=False, compare=False
+    _claim_tokens: BoundedCache[str, str] = field(
+        default_factory=BoundedCache, init=False, repr=False, compare=False
     )
 
     @classmethod

@@ -16,7 +16,7 @@ import msgspec
 from ..continuations.errors import NotFound
 from ..continuations.model import Continuation, encode
 from ..continuations.trail import record_change
-from ..legacy.migrate import Fence
+from ..legacy.migrate import RollbackGuard
 from ..store import Mutation, RecordStore
 from .ports import ChangeListener
 from .repository import LIVE, Repository
@@ -52,11 +52,11 @@ class Ledger:
     """Commits continuation records and tells listeners about each change."""
 
     def __init__(
-        self, store: RecordStore, repo: Repository, fence: Fence, clock_ms: Callable[[], int]
+        self, store: RecordStore, repo: Repository, rollback_guard: RollbackGuard, clock_ms: Callable[[], int]
     ) -> None:
         self.store = store
         self.repo = repo
-        self.fence = fence
+        self.rollback_guard = rollback_guard
         self.clock_ms = clock_ms
         self.listeners: list[ChangeListener] = []
         self.work = WorkSignal()
@@ -79,7 +79,7 @@ class Ledger:
         """Commit new versions (create when old is None) in one transaction, then notify."""
         now = self.clock_ms()
         pairs = [(old, self._with_history(new, now)) for old, new in pairs]
-        self.fence.ensure()  # before the first native v3 record becomes durable
+        self.rollback_guard.ensure()  # before the first native v3 record becomes durable
         expect: dict[str, int | None] = {}
         for old, new in pairs:
             expect[LIVE + new.id] = None if old is None else self.repo.version(new.id)

@@ -144,7 +144,7 @@ class Runs:
                 activated_at_ms=now,
                 claim_ids=tuple(sorted(set(pending) | set(marker.claim_ids if marker else ()))),
             )
-            self.ledger.fence.ensure()  # the marker may be the first native v3 record
+            self.ledger.rollback_guard.ensure()  # the marker may be the first native v3 record
             await self.ledger.store.transact([self.repo.activation_put(run.run_id, act)])
         recs = await self._update(run, lambda rec: lifecycle.activate(rec, now))
         log.info("run origin activated for %d continuation(s)", len(recs))

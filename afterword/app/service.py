@@ -10,7 +10,9 @@
 - ``keys.py``: every derived key and every URL
 
 The HTTP facade and the CLI are thin layers over the methods here; the worker sees the service
-only through :class:`afterword.app.ports.WorkerPorts` (docs/design.md, Layers).
+only through :class:`afterword.app.ports.WorkerPorts` (docs/design.md, Layers). The handle
+forwards: each room is a private attribute reached through one method here, never exposed
+beside it (docs/design.md, Contracts: app handle).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..blobs import BlobStore
 from ..config import Config
 from ..continuations.errors import ServiceDisabled
 from ..continuations.model import Continuation
-from ..legacy.migrate import Fence
+from ..legacy.migrate import RollbackGuard
 from ..protocol.tasks import TaskOutcome, TaskReport
 from ..protocol.wire import (
     ClaimRequest,
@@ -90,20 +92,20 @@ class ContinuationService:
         self.payloads = payloads if payloads is not None else open_payload_store(store)
         self.clock_ms = clock_ms
         self.environ: Mapping[str, str] = environ if environ is not None else os.environ
-        self.keys = ServiceKeys.derive(store.secret)
-        self.urls = ServiceUrls(config.base_url)
+        self._keys = ServiceKeys.derive(store.secret)
+        self._urls = ServiceUrls(config.base_url)
         self.repo = Repository(store)
-        self.fence = Fence(store)
-        self.ledger = Ledger(store, self.repo, self.fence, clock_ms)
+        self._rollback_guard = RollbackGuard(store)
+        self._ledger = Ledger(store, self.repo, self._rollback_guard, clock_ms)
         capabilities = CapabilityRegistry()
-        self.claims = Claims(config, self.ledger, self.keys, self.urls, capabilities, self.environ)
-        self.results = Results(self.ledger, self.keys, self.payloads)
-        self.tasks = Tasks(config, self.ledger, self.claims, self.results)
-        self.runs = Runs(config, self.ledger, self.keys, self.urls, blobs, capabilities, token_bytes, self.tasks)
-        self.operator = Operator(config, self.ledger, self.keys.cursor)
-        self.maintenance = Maintenance(config, self.ledger, blobs, self.payloads)
-        self.health = Health(config, store, self.repo)
-        self.hooks: ServiceHooks = self.claims.hooks
+        self._claims = Claims(config, self._ledger, self._keys, self._urls, capabilities, self.environ)
+        self._results = Results(self._ledger, self._keys, self.payloads)
+        self._tasks = Tasks(config, self._ledger, self._claims, self._results)
+        self._runs = Runs(config, self._ledger, self._keys, self._urls, blobs, capabilities, token_bytes, self._tasks)
+        self._operator = Operator(config, self._ledger, self._keys.cursor)
+        self._maintenance = Maintenance(config, self._ledger, blobs, self.payloads)
+        self._health = Health(config, store, self.repo)
+        self.hooks: ServiceHooks = self._claims.hooks
         # Registered by runtime.open_service (never patched in): read by metrics.
         self.worker: WorkerHandle | None = None
         self.http_server: ServerHandle | None = None
@@ -115,14 +117,14 @@ class ContinuationService:
 
     @blobs.setter
     def blobs(self, blobs: BlobStore) -> None:
-        self._blobs = self.runs.blobs = self.maintenance.blobs = blobs
+        self._blobs = self._runs.blobs = self._maintenance.blobs = blobs
 
     # -- composition -------------------------------------------------------------------------
     def register_worker(self, worker: WorkerHandle) -> None:
         """The running worker: metrics read its queue, and an operator-confirmed delivery is
         appended to the conversation history through it."""
         self.worker = worker
-        self.operator.recorder = worker
+        self._operator.recorder = worker
 
     def register_server(self, server: ServerHandle) -> None:
         self.http_server = server
@@ -131,77 +133,81 @@ class ContinuationService:
     @property
     def on_change(self) -> list[ChangeListener]:
         """Called as ``fn(old, new)`` after every committed change (a mutable list)."""
-        return self.ledger.listeners
+        return self._ledger.listeners
 
     def subscribe(self, listener: ChangeListener) -> None:
-        self.ledger.listeners.append(listener)
+        self._ledger.listeners.append(listener)
 
     @property
     def work_available(self) -> WorkSignal:
-        return self.ledger.work
+        return self._ledger.work
 
     async def commit(
         self, pairs: Sequence[tuple[Continuation | None, Continuation]], *, extra: Sequence[Mutation] = ()
     ) -> None:
-        await self.ledger.commit(pairs, extra=extra)
+        await self._ledger.commit(pairs, extra=extra)
 
     async def transition(self, cid: str, fn: Transition) -> tuple[Continuation, bool]:
-        return await self.ledger.transition(cid, fn)
+        return await self._ledger.transition(cid, fn)
 
     async def result_payload(self, rec: Continuation) -> bytes:
-        return await self.results.result_payload(rec)
+        return await self._results.result_payload(rec)
 
     def claim_intact(self, rec: Continuation) -> bool:
-        return self.keys.claim_intact(rec)
+        return self._keys.claim_intact(rec)
 
     # -- urls and operator credentials --------------------------------------------------------
     @property
     def base_url(self) -> str:
-        return self.urls.base_url
+        return self._urls.base_url
 
     @property
     def claim_url(self) -> str:
-        return self.urls.claim_url
+        return self._urls.claim_url
 
     def result_url(self, cid: str) -> str:
-        return self.urls.result_url(cid)
+        return self._urls.result_url(cid)
 
     def status_url(self, cid: str) -> str:
-        return self.urls.status_url(cid)
+        return self._urls.status_url(cid)
 
     def operator_token(self) -> str:
-        return self.keys.operator_token()
+        return self._keys.operator_token()
 
     def verify_operator(self, token: str) -> None:
-        self.keys.verify_operator(token)
+        self._keys.verify_operator(token)
 
     def verify_host(self, token: str) -> None:
-        self.keys.verify_host(token)
+        self._keys.verify_host(token)
 
     def verify_metrics_reader(self, token: str) -> None:
-        self.keys.verify_metrics_reader(token)
+        self._keys.verify_metrics_reader(token)
+
+    def status_page_key(self) -> bytes:
+        """The key the status page derives its sign-in cookie's name from."""
+        return self._keys.status_page
 
     # -- claims, results, status --------------------------------------------------------------
     def authenticate_claim(self, token: str) -> None:
-        self.claims.authenticate_claim(token)
+        self._claims.authenticate_claim(token)
 
     def authenticate_detached(self, service_name: str, token: str) -> None:
-        self.claims.authenticate_detached(service_name, token)
+        self._claims.authenticate_detached(service_name, token)
 
     def authenticate_result(self, cid: str, token: str) -> None:
-        self.results.authenticate_result(cid, token)
+        self._results.authenticate_result(cid, token)
 
     async def claim(self, token: str, req: ClaimRequest) -> ClaimResponse:
-        return await self.claims.claim(token, req)
+        return await self._claims.claim(token, req)
 
     async def detached_claim(self, service_name: str, token: str, req: DetachedClaimRequest) -> ClaimResponse:
-        return await self.claims.detached_claim(service_name, token, req)
+        return await self._claims.detached_claim(service_name, token, req)
 
     async def submit_result(self, cid: str, token: str, req: ResultRequest, body_len: int) -> StatusBody:
-        return await self.results.submit_result(cid, token, req, body_len)
+        return await self._results.submit_result(cid, token, req, body_len)
 
     def status(self, cid: str, token: str) -> StatusBody:
-        return self.results.status(cid, token)
+        return self._results.status(cid, token)
 
     # -- runs ----------------------------------------------------------------------------------
     def begin_run(
@@ -214,36 +220,41 @@ class ContinuationService:
         """
         if not self.config.enabled:
             raise ServiceDisabled()
-        return self.runs.begin_run(run_id, conversation_id, reply_to, mode)
+        return self._runs.begin_run(run_id, conversation_id, reply_to, mode)
 
     # -- MCP Tasks bridge (the worker's follower sees these as ports.TaskFollowing) ---------
-    async def report_task_outcome(self, cid: str, outcome: TaskOutcome) -> TaskReport:
+    async def report_task_outcome(self, cid: str, outcome: TaskOutcome, *, host_only: bool = False) -> TaskReport:
         """Apply one answer of ``tasks/get`` to the task-backed continuation ``cid`` (the
-        outcome table of docs/tasks-bridge.md); ``cancel`` asks the caller to send tasks/cancel."""
-        return await self.tasks.report(cid, outcome)
+        outcome table of docs/tasks-bridge.md); ``cancel`` asks the caller to send tasks/cancel.
+        ``host_only``: refuse a service-followed task (the host API's route)."""
+        return await self._tasks.report(cid, outcome, host_only=host_only)
 
     def tasks_to_follow(self) -> list[FollowedTask]:
-        return self.tasks.tasks_to_follow()
+        return self._tasks.tasks_to_follow()
 
     async def record_task_cancel_sent(self, cid: str, ok: bool, detail: str | None) -> None:
-        await self.tasks.record_cancel_sent(cid, ok, detail)
+        await self._tasks.record_cancel_sent(cid, ok, detail)
+
+    async def run_task_host_leases(self) -> None:
+        """Apply host-lease lapses until cancelled (``open_service`` starts it)."""
+        await self._tasks.run_host_leases()
 
     async def expire_task_host_leases(self) -> list[str]:
         """Dead-letter host-followed tasks whose host stopped reporting (``task_host_gone``)."""
-        return await self.tasks.expire_host_leases()
+        return await self._tasks.expire_host_leases()
 
     # -- maintenance and health ----------------------------------------------------------------
     async def recover(self) -> int:
-        return await self.maintenance.recover()
+        return await self._maintenance.recover()
 
     async def apply_retention(self) -> tuple[int, int, int]:
-        return await self.maintenance.apply_retention()
+        return await self._maintenance.apply_retention()
 
     def storage_cause(self) -> HealthCauseBody | None:
-        return self.health.storage_cause()
+        return self._health.storage_cause()
 
     def continuation_health(self) -> HealthBody:
-        return self.health.continuation_health()
+        return self._health.continuation_health()
 
     # -- operator verbs ------------------------------------------------------------------------
     def list_continuations(
@@ -256,26 +267,26 @@ class ContinuationService:
         route: str | None = None,
         newest_first: bool = False,
     ) -> ListResponse:
-        return self.operator.list_continuations(
+        return self._operator.list_continuations(
             limit, cursor, state=state, server=server, route=route, newest_first=newest_first
         )
 
     def continuation_detail(self, cid: str) -> DetailBody:
-        return self.operator.continuation_detail(cid)
+        return self._operator.continuation_detail(cid)
 
     def captured_continuation_text(self, cid: str) -> str | None:
-        return self.operator.captured_continuation_text(cid)
+        return self._operator.captured_continuation_text(cid)
 
     async def retry_continuation(self, cid: str, allow_unknown: bool = False) -> StatusBody:
-        return await self.operator.retry_continuation(cid, allow_unknown)
+        return await self._operator.retry_continuation(cid, allow_unknown)
 
     async def cancel_continuation(self, cid: str) -> StatusBody:
-        return await self.operator.cancel_continuation(cid)
+        return await self._operator.cancel_continuation(cid)
 
     async def acknowledge_continuation(self, cid: str) -> StatusBody:
-        return await self.operator.acknowledge_continuation(cid)
+        return await self._operator.acknowledge_continuation(cid)
 
     async def resolve_continuation_delivery(
         self, cid: str, resolution: Resolution | Mapping[str, Any]
     ) -> StatusBody:
-        return await self.operator.resolve_continuation_delivery(cid, resolution)
+        return await self._operator.resolve_continuation_delivery(cid, resolution)

@@ -32,7 +32,7 @@ import msgspec
 from rich.console import Console
 
 from ..app.service import ContinuationService
-from ..clients.mcp_host import Settlement
+from ..clients.mcp_sessions import Settlement
 from ..clients.producer import Producer, task_hash
 from ..config import DEFAULT_PORT, Config, load_config
 from ..continuations.model import Continuation

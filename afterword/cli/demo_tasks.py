@@ -29,7 +29,7 @@ import anyio
 import msgspec
 from rich.console import Console
 
-from ..clients.mcp_host import Settlement, TaskHost
+from ..clients.mcp_sessions import Settlement, TaskHost
 from ..config import Config, load_config
 from ..runtime import open_service
 from .demo import (

@@ -19,7 +19,7 @@ from ..disk import DiskError, UnsafeStateError
 from ..legacy.formats import MigrationError
 from ..store import StoreError, StoreView, open_readonly
 from ..store.evidence import EvidenceError
-from ..store.lock import check_lock_file
+from ..store.ownership import check_lock_file
 from ..store.survey import describe, survey_short_segments
 from ..wal import WalError, WalEvidenceError
 

@@ -2,7 +2,7 @@
 
 The MCP SDK is optional (the ``afterword[mcp]`` extra admits ``mcp>=1.24,<3``): the store, the
 service, HTTP and the operator CLI never import it. The host helpers
-(:mod:`afterword.clients.mcp_host`) import it through :func:`load`, which picks
+(:mod:`afterword.clients.mcp_sessions`) import it through :func:`load`, which picks
 :mod:`._mcp_v2` (SDK 2.x, primary) or :mod:`._mcp_v1` (SDK 1.x from 1.24) from the installed
 distribution's version. Everything that differs between the two lines lives in those two
 modules; the rest of the helpers is shared.

@@ -18,7 +18,7 @@ from ..blobs import BlobQuotaExceeded, BlobTooLarge
 from ..continuations.errors import RequestTooLarge
 from ..continuations.rules import MAX_CLAIM_BODY
 from ..protocol import paths
-from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest
+from ..protocol.hostapi_wire import BeginRunRequest, CapturedTextBody, FinalizeRequest
 from ..protocol.tasks import AdoptTaskRequest, TaskOutcome
 from . import verb_routes as verbs
 from .messages import bearer as _bearer
@@ -159,4 +159,4 @@ def add_host_routes(app: Quart, service: ContinuationService) -> None:
     async def host_task_outcome(cid: str) -> Response:
         _host()
         outcome = _decode(TaskOutcome, await _body(MAX_TASK_OUTCOME_BODY))
-        return json_response(await service.tasks.report(cid, outcome, host_only=True))
+        return json_response(await service.report_task_outcome(cid, outcome, host_only=True))

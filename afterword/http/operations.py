@@ -14,7 +14,7 @@ from typing import Any
 from ..continuations.model import STATES
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
-from ..protocol.host import BeginRunRequest, CapturedTextBody, FinalizeRequest, RunBody
+from ..protocol.hostapi_wire import BeginRunRequest, CapturedTextBody, FinalizeRequest, RunBody
 from ..protocol.tasks import AdoptedTask, AdoptTaskRequest, TaskOutcome, TaskReport
 from ..protocol.wire import (
     ClaimRequest,

@@ -1,4 +1,5 @@
-"""Opening a state directory: the v3 rollback fence and the migration of v1/v2 state.
+"""Opening a state directory: the rollback guard that keeps older builds out, and the migration
+of v1/v2 state.
 
 Phases (each durable before the next begins):
 
@@ -6,7 +7,7 @@ Phases (each durable before the next begins):
    descriptors; 256 MiB monolith ceiling; 2 MiB per normalized record) and preflight the
    configured retention on the in-memory result. Any problem raises ``MigrationError`` and
    nothing has been written.
-2. Fence: create ``records-v2/`` if absent, fsync its parent, write and fsync the guard,
+2. RollbackGuard: create ``records-v2/`` if absent, fsync its parent, write and fsync the guard,
    fsync ``records-v2/``.
 3. Commit normalized records in bounded batches (each one transaction; re-running a batch
    writes the same bytes, so a crash between batches repeats the same merge).
@@ -58,7 +59,7 @@ def guard_present(root: StateRoot) -> bool:
     return root.exists(GUARD_PATH)
 
 
-def install_fence(root: StateRoot) -> None:
+def install_rollback_guard(root: StateRoot) -> None:
     """records-v2/ + fsync parent + guard written and fsynced + fsync records-v2/."""
     if not root.exists(V2_DIR):
         root.ensure_dir(V2_DIR)  # fsyncs the parent after mkdir
@@ -78,7 +79,7 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
     step = hook or (lambda _name: None)
     report = MigrationReport()
     if root.exists(V2_DIR):
-        # A crash inside install_fence leaves the guard's temporary here, and the store only
+        # A crash inside install_rollback_guard leaves the guard's temporary here, and the store only
         # clears its own directories. Temporaries are never evidence (read_v2 skips them).
         root.remove_temporaries(V2_DIR)
     manifest = store.manifest
@@ -107,7 +108,7 @@ def open_state(store: RecordStore, config: Config, *, hook: Hook | None = None) 
     step("preflighted")
 
     # Phase 2: the fence, before anything legacy becomes v3 state.
-    install_fence(root)
+    install_rollback_guard(root)
     report.fence_installed = True
     step("fenced")
 
@@ -155,8 +156,9 @@ def preflight_retention(
             )
 
 
-class Fence:
-    """Installs the rollback fence before the first native v3 record becomes durable."""
+class RollbackGuard:
+    """Writes ``records-v2/ROLLBACK-GUARD`` (once) before the first native v3 record becomes
+    durable, and makes the MANIFEST require it from then on."""
 
     def __init__(self, store: RecordStore) -> None:
         self.store = store
@@ -165,10 +167,18 @@ class Fence:
     def ensure(self) -> None:
         if self.ready:
             return
-        install_fence(self.store.root)
+        install_rollback_guard(self.store.root)
         if not self.store.manifest.guard_required:
             self.store.update_manifest_meta(self.store.manifest.meta, guard_required=True)
         self.ready = True
 
 
-__all__ = ["GUARD", "V1_FILE", "Fence", "MigrationError", "MigrationReport", "install_fence", "open_state"]
+__all__ = [
+    "GUARD",
+    "V1_FILE",
+    "MigrationError",
+    "MigrationReport",
+    "RollbackGuard",
+    "install_rollback_guard",
+    "open_state",
+]

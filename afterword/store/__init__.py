@@ -12,7 +12,7 @@ from .errors import (
     StoreLockedError,
     VersionConflict,
 )
-from .locks import KeyedLocks, KeyLock, shared_locks
+from .keyed_locks import KeyedLocks, KeyLock, shared_locks
 from .readonly import StoreView, open_readonly
 from .store import (
     MAX_RECORD_BYTES,

@@ -45,7 +45,7 @@ import msgspec
 
 from ..errors import AfterwordError
 from .errors import StoreCorruptError, VersionConflict
-from .locks import KeyedLocks, shared_locks
+from .keyed_locks import KeyedLocks, shared_locks
 from .store import Delete, Mutation, Put, Record, RecordStore
 
 __all__ = ["Collection", "CorruptRecordError"]

@@ -20,8 +20,8 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-from ..wal.frame import Frame
-from ..wal.frames import LogFrames
+from ..wal.layout import Frame
+from ..wal.log_frames import LogFrames
 from .catalog import CatalogEntry, CatalogSource
 from .codec import Op, RecordImage
 from .evidence import Digest, ReplayCheck

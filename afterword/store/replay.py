@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 import xxhash
 
-from ..wal.frame import Frame
-from ..wal.frames import LogFrames
+from ..wal.layout import Frame
+from ..wal.log_frames import LogFrames
 from .catalog import CatalogEntry
 from .codec import Op, RecordImage, _tx_decoder
 from .errors import StoreCorruptError

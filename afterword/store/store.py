@@ -24,9 +24,9 @@ from .checkpoint import CheckpointImage, deferred_if_full, deferred_if_full_asyn
 from .codec import FORMAT, Manifest, Op
 from .errors import OwnershipLostError, StoreClosedError
 from .evidence import Digest
-from .lock import OwnershipLock
 from .manifest import ManifestKeeper
 from .memory import CommittedState
+from .ownership import OwnershipLock
 from .recovery import recover
 from .transactions import build_transaction
 from .types import (

@@ -1,9 +1,9 @@
 """Bounded write-ahead transaction log with group commit and idempotent replay."""
 
 from .errors import TransactionTooLarge, WalClosedError, WalCorruptError, WalError, WalEvidenceError
-from .frame import Frame, SegmentHeader, decode_frame_at, encode_frame
-from .frames import LogFrames
+from .layout import Frame, SegmentHeader, decode_frame_at, encode_frame
 from .log import WalOptions, WalStatistics, WriteAheadLog
+from .log_frames import LogFrames
 from .scan import NamedSegment, ReplayPlan, SegmentImage, scan_chain
 
 __all__ = [

@@ -30,7 +30,7 @@ import xxhash
 
 from ..disk import FileHandle, StateRoot
 from .errors import WalEvidenceError
-from .frames import LogFrames
+from .log_frames import LogFrames
 
 HIGHWATER = "HIGHWATER"
 HIGHWATER_SIZE = 1024

@@ -22,8 +22,8 @@ import anyio.lowlevel
 from ..disk import StateRoot, StorageFullError
 from .committer import Committer
 from .errors import WalClosedError
-from .frames import LogFrames
 from .highwater import HighWater
+from .log_frames import LogFrames
 from .options import FSYNC_BUCKETS, WalOptions, WalStatistics
 from .recovery import recover
 from .scan import NamedSegment
@@ -143,7 +143,7 @@ class WriteAheadLog:
         high_water: HighWater | None = None,
     ) -> tuple[WriteAheadLog, LogFrames]:
         """Open (creating if needed) and return the log plus the frames to replay (spans into
-        the segments read, see ``frames.py``).
+        the segments read, see ``log_frames.py``).
 
         ``named`` and ``acked_lsn`` are the MANIFEST's evidence: every named segment life
         must be present and the log must reach ``acked_lsn``, else ``WalEvidenceError``

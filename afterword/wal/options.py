@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .frame import SEGMENT_HEADER_SIZE, frame_size
+from .layout import SEGMENT_HEADER_SIZE, frame_size
 from .shadow import SHADOW_OVERHEAD
 
 MiB = 1024 * 1024

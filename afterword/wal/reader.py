@@ -7,8 +7,8 @@ or still-unsynced tail is simply left out, and nothing on disk is touched.
 from __future__ import annotations
 
 from ..disk import StateRoot
-from .frames import LogFrames
 from .highwater import Mark, check_mark
+from .log_frames import LogFrames
 from .scan import NamedSegment, SegmentImage, check_acked, check_named, scan_chain
 
 SEGMENT_SUFFIX = ".seg"

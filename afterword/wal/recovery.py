@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .frame import SEGMENT_HEADER_SIZE, SegmentHeader, decode_segment_header
-from .frames import LogFrames
 from .highwater import HighWater, check_mark
+from .layout import SEGMENT_HEADER_SIZE, SegmentHeader, decode_segment_header
+from .log_frames import LogFrames
 from .scan import NamedSegment, ReplayPlan, Restore, SegmentImage, check_acked, check_named, scan_chain
 from .segments import SEGMENT_SUFFIX, SegmentLog
 

@@ -22,7 +22,7 @@ import struct
 from typing import NamedTuple
 
 from .errors import WalCorruptError, WalEvidenceError
-from .frame import (
+from .layout import (
     ALIGN,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -34,7 +34,7 @@ from .frame import (
     marker_for,
     read_spans,
 )
-from .frames import LogFrames
+from .log_frames import LogFrames
 from .shadow import Shadow, find_shadow
 
 

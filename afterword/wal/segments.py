@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from ..disk import FileHandle, StateRoot, StorageFullError
 from .errors import TransactionTooLarge
-from .frame import ALIGN, SEGMENT_HEADER_SIZE, SegmentHeader, encode_frame, encode_segment_header, frame_size
 from .highwater import HighWater, frame_check
+from .layout import ALIGN, SEGMENT_HEADER_SIZE, SegmentHeader, encode_frame, encode_segment_header, frame_size
 from .options import WalOptions, WalStatistics
 from .scan import NamedSegment
 from .shadow import SHADOW_OVERHEAD, encode_shadow

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from .frame import find_aligned
+from .layout import find_aligned
 
 SHADOW_MAGIC = b"LAWSHDW\x01"
 SHADOW_HEADER_SIZE = 60

@@ -11,7 +11,13 @@ from .channels import (
 )
 from .errors import PermanentDeliveryError, RetryableDeliveryError, SynthesisError, UnconfirmedDeliveryError
 from .loop import Worker
-from .synth import AnthropicSynthesizer, OpenAISynthesizer, SynthesisRequest, Synthesizer, TemplateSynthesizer
+from .synthesizers import (
+    AnthropicSynthesizer,
+    OpenAISynthesizer,
+    SynthesisRequest,
+    Synthesizer,
+    TemplateSynthesizer,
+)
 
 __all__ = [
     "AnthropicSynthesizer",

@@ -10,7 +10,7 @@ from ..history import ConversationHistory, DurableHistory
 from . import channels as ch
 from .channels import Channel
 from .loop import Worker
-from .synth import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
+from .synthesizers import AnthropicSynthesizer, OpenAISynthesizer, Synthesizer, TemplateSynthesizer
 from .taskfollow import TaskFollower, follows_any, load_wire
 
 

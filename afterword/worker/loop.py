@@ -6,7 +6,7 @@ record is durably ``synthesizing``; before a channel is called it is durably
 and turns into ``dead_lettered`` or ``delivery_unknown`` rather than a repeat.
 
 The worker sees the app only through the ports it is given
-(:class:`afterword.app.ports.WorkerPorts`); the steps live in ``synthesis.py`` and
+(:class:`afterword.app.ports.WorkerPorts`); the steps live in ``synthesis_step.py`` and
 ``delivery.py``, the channel choice in ``routes.py``.
 """
 
@@ -32,8 +32,8 @@ from .channels import Channel
 from .delivery import Delivery
 from .routes import Routes
 from .steps import BindingInvalid, Fallback, Steps
-from .synth import Synthesizer
-from .synthesis import LocalAnswer, Synthesis
+from .synthesis_step import LocalAnswer, Synthesis
+from .synthesizers import Synthesizer
 
 __all__ = ["DRAIN_SECONDS", "RETENTION_INTERVAL_S", "SCAN_INTERVAL_S", "BindingInvalid", "Fallback", "Worker"]
 

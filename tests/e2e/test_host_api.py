@@ -260,7 +260,7 @@ async def test_an_embedded_host_that_never_closes_does_not_grow_the_registry(tmp
     capabilities expire, at the next begin_run (before, only close() forgot any)."""
     clock = Clock()
     async with serving(tmp_path, clock=clock) as h:
-        registry = h.service.runs.capabilities
+        registry = h.service._runs.capabilities
         for i in range(50):
             h.service.begin_run(f"dropped-{i}", CONV, REPLY)
         assert len(registry) == 50
@@ -385,11 +385,11 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         await s.send("post", f"{rp}/none/tasks", 404, json=handle, headers=host)
         await s.send("post", tp, 413, content=big, headers={**host, **js})
         await s.trickle("POST", tp, {**host, **js})
-        h.service.tasks.sdk_available = lambda: False
+        h.service._tasks.sdk_available = lambda: False
         await s.send("post", tp, 503, json={**handle, "server": "zz-tasks"}, headers=host)
-        h.service.claims.admitting_total += 10**6  # as if that many claims were being admitted
+        h.service._claims.admitting_total += 10**6  # as if that many claims were being admitted
         await s.send("post", tp, 429, json={**handle, "taskId": "t-2"}, headers=host)
-        h.service.claims.admitting_total -= 10**6
+        h.service._claims.admitting_total -= 10**6
         await s.send("post", f"{rp}/run-3/close", 200, headers=host)
         await s.send("post", tp, 409, json={**handle, "taskId": "t-3"}, headers=host)
         await s.send("post", f"{rp}/run-2/tasks", 410, json=handle, headers=host)

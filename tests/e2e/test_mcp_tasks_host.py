@@ -22,7 +22,7 @@ import pytest
 from _service import free_port, load, write_config
 from test_mcp_e2e import wait_port
 
-from afterword.clients.host import HostApiError
+from afterword.clients.hostapi_client import HostApiError
 from afterword.clients.mcp_sdk import installed_line
 from afterword.config import Config
 from afterword.continuations import errors as E

@@ -24,7 +24,7 @@ from test_host_parity import Host, hosting
 from test_mcp_e2e import wait_port
 
 from afterword.cli import main as cli_main
-from afterword.clients.host import HostClient
+from afterword.clients.hostapi_client import HostClient
 from afterword.clients.mcp_sdk import installed_line
 from afterword.continuations.jcs import canonical_json
 from afterword.protocol.tasks import TaskHandle, TaskOutcome

@@ -154,7 +154,7 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
 
         # -- result and status ------------------------------------------------------------
         cid, rtok = claim["continuationId"], claim["resultToken"]
-        unknown = result_token(h.service.keys.result, "c_neverclaimed")
+        unknown = result_token(h.service._keys.result, "c_neverclaimed")
         payload = {"summary": "done"}
         result = {"idempotencyKey": "r1", "payloadHash": payload_hash(payload), "payload": payload}
         for method in ("put", "post"):

@@ -30,7 +30,7 @@ from test_http_protocol import Clock  # noqa: E402
 
 import afterword  # noqa: E402
 from afterword.app.service import ContinuationService, wall_clock_ms  # noqa: E402
-from afterword.clients.host import HostClient  # noqa: E402
+from afterword.clients.hostapi_client import HostClient  # noqa: E402
 from afterword.clients.operator import read_host_token  # noqa: E402
 from afterword.protocol.tasks import TaskHandle  # noqa: E402
 from afterword.worker import compose  # noqa: E402

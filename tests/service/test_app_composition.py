@@ -10,12 +10,22 @@ import pytest
 from _claims import make_claim
 from _service import ENV, write_config
 
+from afterword.app.claims import Claims
+from afterword.app.health import Health
+from afterword.app.keys import ServiceKeys, ServiceUrls
+from afterword.app.ledger import Ledger
+from afterword.app.maintenance import Maintenance
+from afterword.app.operator import Operator
+from afterword.app.results import Results
+from afterword.app.runs import Runs
 from afterword.app.service import ContinuationService
+from afterword.app.tasks import Tasks
 from afterword.blobs import BlobStore
 from afterword.config import load_config
 from afterword.continuations import Continuation, ResultRecord
 from afterword.continuations import lifecycle as lc
 from afterword.http.metrics import render_metrics
+from afterword.legacy import RollbackGuard
 from afterword.store import RecordStore
 
 NOW = 1_900_000_000_000
@@ -88,3 +98,15 @@ def test_metrics_read_the_queue_and_scans_of_the_registered_worker(service: Cont
     service.register_worker(worker)
     text = render_metrics(service).decode()
     assert "afterword_worker_queue_depth 7.0" in text and "afterword_worker_scans_total 3.0" in text
+
+
+ROOMS = (Claims, Results, Tasks, Runs, Operator, Maintenance, Health, Ledger, ServiceKeys, ServiceUrls, RollbackGuard)
+
+
+def test_the_handle_forwards_to_its_rooms_and_exposes_none(service: ContinuationService) -> None:
+    # One rule (docs/design.md, Contracts: app handle): a caller uses the handle's methods; the
+    # rooms behind them are private, so there is never a second way to the same operation.
+    public = {name: getattr(service, name) for name in dir(service) if not name.startswith("_")}
+    assert {name for name, value in public.items() if isinstance(value, ROOMS)} == set()
+    held = {type(value) for value in vars(service).values()}
+    assert set(ROOMS) <= held  # composed of the rooms, not a copy of them

@@ -60,7 +60,7 @@ from afterword.store.codec import (
 )
 from afterword.store.errors import StoreCorruptError
 from afterword.wal.errors import WalCorruptError
-from afterword.wal.frame import SegmentHeader, encode_frame, encode_segment_header
+from afterword.wal.layout import SegmentHeader, encode_frame, encode_segment_header
 from afterword.wal.scan import SegmentImage, scan_chain
 
 EXAMPLES = int(os.environ.get("AFTERWORD_FUZZ_EXAMPLES", "60"))
@@ -321,7 +321,7 @@ def service(tmp_path: Path) -> Any:
 
 def test_cursor_decoding_raises_only_invalid_request(service: ContinuationService) -> None:
     count = Counter("operator cursor")
-    real = encode_cursor(service.keys.cursor, (1_700_000_000_000, "c_abc"))
+    real = encode_cursor(service._keys.cursor, (1_700_000_000_000, "c_abc"))
     cursors = mutated(st.just(real.encode())).map(lambda b: b.decode("utf-8", "replace")) | st.text(
         max_size=80
     )
@@ -347,7 +347,7 @@ def test_token_parsing_raises_only_unauthorized(service: ContinuationService) ->
         result_token(KEY, "c_1"),
         operator_token(KEY),
         service.operator_token(),
-        result_token(service.keys.result, "c_1"),
+        result_token(service._keys.result, "c_1"),
         "x",
     ]
     tokens = st.sampled_from(samples).flatmap(lambda t: mutated(st.just(t.encode()))).map(

@@ -23,7 +23,7 @@ from afterword.config import Config
 from afterword.continuations import FALLBACK_TEXT, Activation, SnapshotError
 from afterword.continuations.model import canonical_claim
 from afterword.continuations.snapshot import decode_snapshot
-from afterword.worker.synth import SynthesisRequest, TemplateSynthesizer
+from afterword.worker.synthesizers import SynthesisRequest, TemplateSynthesizer
 
 pytestmark = pytest.mark.anyio
 

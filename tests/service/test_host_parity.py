@@ -17,7 +17,7 @@ from test_host_binding import CONV, ORIGIN, REPLY, SERVER, Harness, serving
 
 from afterword.app.binding import RESERVED_ENV, RESERVED_HEADERS, RunBinding
 from afterword.blobs import BlobQuotaExceeded, BlobStore
-from afterword.clients.host import HostClient, RemoteRun
+from afterword.clients.hostapi_client import HostClient, RemoteRun
 from afterword.clients.operator import read_host_token
 from afterword.continuations import FALLBACK_TEXT, InvalidRequest
 from afterword.continuations.errors import Conflict, RequestTooLarge

@@ -468,7 +468,7 @@ async def test_result_after_deadline_and_after_cancel_is_closed(tmp_path: Path) 
 async def test_status_of_unknown_continuation_is_not_found(tmp_path: Path) -> None:
     async with serving(tmp_path) as h:
         # A structurally valid token for an id that was never claimed.
-        token = result_token(h.service.keys.result, "c_neverclaimed")
+        token = result_token(h.service._keys.result, "c_neverclaimed")
         url = f"{h.config.base_url}/v1/continuations/c_neverclaimed"
         assert_error(await h.client.get(url, headers=auth(token)), 404, "not_found")
         doc = {"idempotencyKey": "k", "payloadHash": payload_hash(1), "payload": 1}

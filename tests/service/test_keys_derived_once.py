@@ -15,7 +15,7 @@ from _claims import make_claim
 from fakes.harness import make_config, running
 
 from afterword.app import keys as keys_module
-from afterword.app.keys import Remembered, ServiceKeys
+from afterword.app.keys import BoundedCache, ServiceKeys
 from afterword.continuations.capabilities import claim_mac, claim_token, result_token
 from afterword.continuations.errors import Unauthorized
 from afterword.continuations.model import Continuation
@@ -122,7 +122,7 @@ async def test_a_remembered_claim_capability_still_refuses_forgeries(derived: Co
 
 
 def test_remembered_values_are_bounded_oldest_first() -> None:
-    seen: Remembered[str, int] = Remembered(limit=2)
+    seen: BoundedCache[str, int] = BoundedCache(limit=2)
     for i, key in enumerate("abc"):
         seen.put(key, i)
     assert len(seen) == 2 and seen.get("a") is None and seen.get("b") == 1 and seen.get("c") == 2

@@ -13,7 +13,7 @@ from afterword.protocol import paths
 
 TEMPLATES = {name: getattr(paths, name) for name in paths.__all__ if name.isupper() and name != "OPERATOR_PREFIX"}
 # A path of somebody else's API that a client of ours calls (Anthropic's Messages API).
-FOREIGN = {("worker/synth.py", "/v1/messages")}
+FOREIGN = {("worker/synthesizers.py", "/v1/messages")}
 
 
 def test_the_templates_are_exactly_the_documented_operations() -> None:

@@ -82,7 +82,7 @@ async def test_retention_bounds(tmp_path: Path) -> None:
         # a tombstone still answers a repeated result idempotently, and refuses a different one
         from afterword.continuations.capabilities import result_token
 
-        token = result_token(service.keys.result, silent[0])
+        token = result_token(service._keys.result, silent[0])
         payload = {"n": 0}
         status = await service.submit_result(
             silent[0],
@@ -179,7 +179,7 @@ async def test_tombstones_keep_attempt_counts(tmp_path: Path) -> None:
         assert compacted == 1 and service.repo.tombstone(cid) is not None
         from afterword.continuations.capabilities import result_token
 
-        status = service.status(cid, result_token(service.keys.result, cid))
+        status = service.status(cid, result_token(service._keys.result, cid))
         assert status.compacted
         assert (status.attempts.synthesis, status.attempts.delivery) == (1, 1)
         (item,) = [i for i in service.list_continuations().items if i.continuation_id == cid]

@@ -25,7 +25,7 @@ from afterword.disk import DiskFailedError, UnsafeStateError
 from afterword.store import Put, RecordStore, open_readonly
 from afterword.store.evidence import EvidenceError
 from afterword.wal import WalEvidenceError
-from afterword.wal.frame import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
+from afterword.wal.layout import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 SEG = os.path.join("wal", "00000000.seg")
 

@@ -231,7 +231,7 @@ async def test_loopback_http_server_is_followed_by_the_service(host: Callable[..
             WEB,
         )
         assert not followed.cancel_requested and followed.poll_interval_ms == 500
-        x.h.service.tasks.sdk_available = lambda: False
+        x.h.service._tasks.sdk_available = lambda: False
         with pytest.raises(Unavailable, match=r"afterword\[mcp\]") as caught:
             await run.adopt_task(WEB, TaskHandle(task_id="other", status="working"))
         assert caught.value.status == 503 and caught.value.code == "unavailable"
@@ -404,7 +404,7 @@ async def test_cancel_of_a_host_followed_task_answers_the_next_report(host: Call
 async def test_a_slow_host_back_after_its_lease_lapsed_is_told_to_cancel(host: Callable[..., Any]) -> None:
     async with host() as x:
         _, cid = await adopted(x)
-        x.h.service.tasks.host_leases[cid] = 0  # lapsed long ago
+        x.h.service._tasks.host_leases[cid] = 0  # lapsed long ago
         assert await x.h.service.expire_task_host_leases() == [cid]
         back = await report(x, cid, TaskOutcome(status="working"))
         assert (back.state, back.cancel) == ("dead_lettered", True)
@@ -469,7 +469,7 @@ async def test_host_lease_lapse_dead_letters_and_reports_renew(host: Callable[..
     async with host() as x:
         _, kept = await adopted(x)
         _, gone = await adopted(x, TaskHandle(task_id="other", status="working"))
-        tasks = x.h.service.tasks
+        tasks = x.h.service._tasks
         tasks.host_leases[kept] = tasks.host_leases[gone] = 0  # both lapsed long ago
         await report(x, kept, TaskOutcome(status="working"))  # a report renews the lease
         assert await x.h.service.expire_task_host_leases() == [gone]
@@ -486,7 +486,7 @@ async def test_service_followed_tasks_have_no_host_lease(host: Callable[..., Any
     async with host() as x:
         run = await x.begin()
         cid = (await run.adopt_task(WEB, HANDLE)).continuation_id
-        x.h.service.tasks.host_leases[cid] = 0
+        x.h.service._tasks.host_leases[cid] = 0
         assert await x.h.service.expire_task_host_leases() == []
 
 
@@ -503,9 +503,9 @@ async def test_crash_before_activation_behaves_like_a_claim(tmp_path: Path) -> N
         assert rec is not None and rec.origin_context == "abandoned" and rec.state == "claimed"
         assert [t.continuation_id for t in h.service.tasks_to_follow()] == [cid]
         # A restarted service gives a host-followed task one full lease before judging it.
-        assert host_cid not in h.service.tasks.host_leases
+        assert host_cid not in h.service._tasks.host_leases
         assert await h.service.expire_task_host_leases() == []
-        assert h.service.tasks.host_leases[host_cid] > h.service.clock_ms()
+        assert h.service._tasks.host_leases[host_cid] > h.service.clock_ms()
         rec = h.service.repo.get(host_cid)
         assert rec is not None and rec.state == "claimed" and rec.task is not None and rec.task.follow == "host"
         out = await h.service.report_task_outcome(cid, completed({"a": 1}))

@@ -69,12 +69,12 @@ async def test_the_cookie_name_is_the_state_directorys_own(tmp_path: Path) -> No
     config, env = make_config(tmp_path)
     async with running(config, env, channels={"*": NeverConfirms()}, clock=Clock()) as h:
         name = status_page(h.service).auth.cookie
-        key = h.service.keys.status_page
+        key = h.service._keys.status_page
         tag = hmac.new(key, b"session-cookie-name", hashlib.sha256).hexdigest()[:16]
         assert name == f"{COOKIE}_{tag}" == cookie_name(key)
         # its own key, independent of every capability's
         assert key == derive_key(_read_secret(config), STATUS_PAGE)
-        assert key not in {h.service.keys.operator, h.service.keys.host, h.service.keys.metrics}
+        assert key not in {h.service._keys.operator, h.service._keys.host, h.service._keys.metrics}
         assert key.hex()[:16] not in name  # a tag, not the key
     # The same state directory gives the same name after a restart (sessions themselves do not
     # survive it), so a new sign-in replaces the old cookie instead of adding one.

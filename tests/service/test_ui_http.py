@@ -101,7 +101,7 @@ async def test_only_the_operator_capability_mints_a_login(tmp_path: Path) -> Non
         svc = h.service
         url = svc.base_url + "/v1/operator/ui/login"
         assert (await client.post(url)).status_code == 401
-        metrics = svc.keys.metrics  # the read-only scrape capability opens metrics only
+        metrics = svc._keys.metrics  # the read-only scrape capability opens metrics only
         from afterword.continuations.capabilities import metrics_token
 
         r = await client.post(url, headers={"Authorization": "Bearer " + metrics_token(metrics)})
@@ -182,7 +182,7 @@ async def test_pages_never_show_captured_text_payloads_or_tokens(tmp_path: Path)
             svc.operator_token(),
             DETACHED_TOKEN,
             login_url.split("token=")[1],
-            *(result_token(svc.keys.result, c) for c in (captured, unknown, pending)),
+            *(result_token(svc._keys.result, c) for c in (captured, unknown, pending)),
         ]
         paths = ["/ui/", "/ui/?state=delivered", "/ui/?route=verification"]
         for cid in (captured, unknown, pending):

@@ -231,7 +231,7 @@ async def test_every_operator_sequence_on_the_service_posts_nothing_without_the_
 def _token(h: object, cid: str) -> str:
     from afterword.continuations.capabilities import result_token
 
-    return result_token(h.service.keys.result, cid)
+    return result_token(h.service._keys.result, cid)
 
 
 @pytest.mark.anyio

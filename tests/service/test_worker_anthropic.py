@@ -13,7 +13,7 @@ from fakes.harness import make_config, running
 from fakes.producer import reply_run, wait_state
 
 from afterword.config import ConfigError
-from afterword.worker.synth import ContextMessage, SynthesisRequest, _alternating, framed_payload
+from afterword.worker.synthesizers import ContextMessage, SynthesisRequest, _alternating, framed_payload
 
 BUCKET = "slack:C1:T1#2030-01-01"
 ROUTE = "slack:C1:T1"

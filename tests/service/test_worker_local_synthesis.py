@@ -19,7 +19,7 @@ from fakes.synth import RecordingSynth
 from afterword.continuations.model import Continuation
 from afterword.history import Message
 from afterword.worker import ChunkDelivery, ChunkReceipt, SynthesisRequest, TemplateSynthesizer
-from afterword.worker.synth import is_local
+from afterword.worker.synthesizers import is_local
 
 
 def test_only_the_template_and_declared_synthesizers_are_local() -> None:

@@ -4,7 +4,9 @@
    inside functions (a deferred import is still a dependency);
 2. no module longer than ``MAX_LINES``;
 3. no private attribute (``x._name``, where ``x`` is not ``self`` or ``cls``) read across
-   packages, and no private name imported from another package.
+   packages, and no private name imported from another package;
+4. no two modules of one directory whose names differ only by a letter or a clipped ending
+   (``frame``/``frames``, ``synth``/``synthesis``): each is named for what it holds.
 
 A "package" is a first-level subpackage (``afterword.app``, ``afterword.worker``, ...); a module
 directly under ``afterword/`` is its own. A private name belongs to the packages that define it
@@ -246,6 +248,29 @@ def layer_violations(pkgs: Mapping[str, Iterable[str]], rows: list[set[str]]) ->
     return found
 
 
+def _look_alike(a: str, b: str) -> bool:
+    """One name is the other plus letters (``lock``/``locks``, ``synth``/``synthesis``), or the
+    two differ in one letter. A digit (``_mcp_v1``/``_mcp_v2``) or a word after ``_`` is a
+    real difference."""
+    short, long = sorted((a, b), key=len)
+    if short != long and long.startswith(short) and long[len(short) :].isalpha():
+        return True
+    diff = [(x, y) for x, y in zip(a, b, strict=False) if x != y]
+    return len(a) == len(b) and len(diff) == 1 and diff[0][0].isalpha() and diff[0][1].isalpha()
+
+
+def look_alike_modules(root: Path, package: str = "afterword") -> set[tuple[str, str]]:
+    """Pairs of modules of one directory whose names a reader would take for one another."""
+    found: set[tuple[str, str]] = set()
+    for folder in sorted({p.parent for p in (root / package).rglob("*.py")}):
+        stems = sorted(p.stem for p in folder.glob("*.py"))
+        rel = folder.relative_to(root).as_posix()
+        found.update(
+            (f"{rel}/{a}.py", f"{rel}/{b}.py") for i, a in enumerate(stems) for b in stems[i + 1 :] if _look_alike(a, b)
+        )
+    return found
+
+
 # -- the rules, on the real package -------------------------------------------------------------
 def test_no_import_cycle() -> None:
     graph = import_graph(ROOT)
@@ -269,12 +294,12 @@ def test_no_upward_import_between_the_layers_of_the_design_table() -> None:
 def test_the_http_clients_import_no_server_code() -> None:
     # A tool server or a host in another process imports these; they share only the wire
     # (protocol/), the domain's pure rules and errors, and config with the service.
-    # (operator.py reads the state secret; mcp_host.py drives an in-process RunBinding.)
+    # (operator.py reads the state secret; mcp_sessions.py drives an in-process RunBinding.)
     server = {
         f"afterword.{name}" for name in ("app", "http", "worker", "store", "wal", "disk", "legacy", "runtime")
     }
     graph = import_graph(ROOT)
-    for client in ("host", "producer", "capability", "producer_errors"):
+    for client in ("hostapi_client", "producer", "capability", "producer_errors"):
         module = f"afterword.clients.{client}"
         assert {_unit(t) for t in graph[module]} & server == set(), module
 
@@ -290,6 +315,10 @@ def test_no_private_attribute_read_across_packages() -> None:
     found = private_reads(ROOT)
     assert found - PRIVATE_READS_ALLOWED == set()
     assert PRIVATE_READS_ALLOWED - found == set(), "an allowed read is gone: drop it from the list"
+
+
+def test_no_two_modules_of_a_directory_a_letter_apart() -> None:
+    assert look_alike_modules(ROOT) == set()
 
 
 # -- the checks themselves catch what they are for ------------------------------------------------
@@ -344,3 +373,13 @@ def test_the_checks_find_a_cycle_a_long_module_and_a_private_read(tmp_path: Path
     # ``o._mine`` inside pkg.b (which defines it) is fine; pkg.a reading it is not. ``_helper``
     # is not defined anywhere in the package, so importing it names nothing of ours.
     assert private_reads(tmp_path, "pkg") == {"pkg.a.four:_mine"}
+
+
+def test_the_name_check_finds_look_alike_modules_and_lets_real_differences_pass(tmp_path: Path) -> None:
+    names = ["frame", "frames", "synth", "synthesis", "log", "log_frames", "_mcp_v1", "_mcp_v2", "lock", "look"]
+    _write(tmp_path, {f"afterword/wal/{name}.py": "" for name in names})
+    assert look_alike_modules(tmp_path) == {
+        ("afterword/wal/frame.py", "afterword/wal/frames.py"),
+        ("afterword/wal/synth.py", "afterword/wal/synthesis.py"),
+        ("afterword/wal/lock.py", "afterword/wal/look.py"),
+    }

@@ -26,7 +26,12 @@ from afterword.disk import NoSyncDisk
 from afterword.store import Delete, Mutation, Put, RecordStore, StoreOptions
 from afterword.store.evidence import EvidenceError
 from afterword.wal import WalEvidenceError, WalOptions
-from afterword.wal.frame import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
+from afterword.wal.layout import (
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    decode_frame_at,
+    decode_segment_header,
+)
 from afterword.wal.shadow import decode_shadow_at, shadow_size
 
 WAL = WalOptions(segment_size=2304, max_payload=1024, max_log_bytes=1 << 20)

@@ -16,7 +16,7 @@ import pytest
 from afterword.disk import FileHandle
 from afterword.disk.root import CheckedRoot
 from afterword.store import evidence
-from afterword.store import lock as store_lock
+from afterword.store import ownership as store_lock
 from afterword.store import recovery as store_recovery
 from afterword.wal import recovery as wal_recovery
 from afterword.wal import scan as wal_scan

@@ -98,7 +98,7 @@ _FS_CALLS = {
     "sqlite3": {"connect"},
     "shutil": {"rmtree", "copy", "copyfile", "move"},
 }
-_LAYER = ("afterword/disk", "afterword/wal", "afterword/store/lock.py", "afterword/store/locks.py")
+_LAYER = ("afterword/disk", "afterword/wal", "afterword/store/ownership.py", "afterword/store/keyed_locks.py")
 
 
 def fs_calls_outside_the_seam(root: Path) -> list[str]:

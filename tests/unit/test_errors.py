@@ -77,7 +77,7 @@ FAULT = {
         "afterword.tasks.errors.UnknownTaskError",
         "afterword.tasks.errors.SupervisorError",
         "afterword.config.model.ConfigError",
-        "afterword.clients.mcp_host.McpHostError",
+        "afterword.clients.mcp_sessions.McpHostError",
         "afterword.clients.producer.NoCapability",
         "afterword.clients.producer.InvalidCapability",
         "afterword.clients.producer.RejectedByService",

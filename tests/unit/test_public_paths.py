@@ -37,7 +37,7 @@ def test_a_removed_old_path_does_not_import(old: str) -> None:
     ("alias", "home"),
     [
         ("afterword.producer", "afterword.clients.producer"),
-        ("afterword.mcp_host", "afterword.clients.mcp_host"),
+        ("afterword.mcp_host", "afterword.clients.mcp_sessions"),
     ],
 )
 def test_a_stable_public_name_reexports_its_home(alias: str, home: str) -> None:

@@ -318,7 +318,7 @@ async def test_keyed_locks_order_and_single_key_form() -> None:
 async def test_keyed_locks_build_nothing_uncontended_and_still_exclude(monkeypatch: pytest.MonkeyPatch) -> None:
     """An uncontended hold builds no lock and no event (one dict entry); only a task that finds
     its key held waits on an event of its own, and exclusion is the same."""
-    from afterword.store import locks as locks_module
+    from afterword.store import keyed_locks as locks_module
 
     built = 0
     make = anyio.Event

@@ -20,7 +20,7 @@ from _highwater import mark_back, reseal_manifest
 from afterword.store import FORMAT, Put, RecordStore, StoreCorruptError, open_readonly
 from afterword.store.evidence import EvidenceError
 from afterword.wal import Frame, WalCorruptError, WalEvidenceError
-from afterword.wal.frame import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
+from afterword.wal.layout import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 Rule = tuple[type[Exception], str]
 

@@ -15,7 +15,7 @@ from _highwater import mark_back
 
 from afterword.disk import UnsafeStateError
 from afterword.store import Put, RecordStore, StoreCorruptError, open_readonly
-from afterword.wal.frame import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
+from afterword.wal.layout import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 
 def _fill(path: str, n: int, *, checkpoint_after: int | None = None, killed: bool = False) -> None:

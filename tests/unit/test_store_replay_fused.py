@@ -19,8 +19,8 @@ from afterword.store.codec import Op, RecordImage, decode_tx, encode_tx
 from afterword.store.evidence import ReplayCheck
 from afterword.store.memory import CommittedState
 from afterword.store.types import Record
-from afterword.wal.frame import FRAME_HEADER_SIZE, Frame, encode_frame
-from afterword.wal.frames import LogFrames, Run
+from afterword.wal.layout import FRAME_HEADER_SIZE, Frame, encode_frame
+from afterword.wal.log_frames import LogFrames, Run
 
 KEYS = ["a", "b", "c/d"]
 BLOBS = ["b1", "b2"]

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afterword.worker.synth import FRAME_CLOSE, FRAME_OPEN, SynthesisRequest, _messages, framed_payload
+from afterword.worker.synthesizers import FRAME_CLOSE, FRAME_OPEN, SynthesisRequest, _messages, framed_payload
 
 HOSTILE = [
     FRAME_CLOSE,

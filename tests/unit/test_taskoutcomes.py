@@ -32,7 +32,7 @@ from afterword.protocol.tasks import (
     decode_handle,
     decode_outcome,
 )
-from afterword.worker.synth import SynthesisRequest, instructions, render_template
+from afterword.worker.synthesizers import SynthesisRequest, instructions, render_template
 
 NOW = 1_900_000_000_000
 DEADLINE = NOW + 3_600_000

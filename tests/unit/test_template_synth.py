@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from afterword.worker.synth import (
+from afterword.worker.synthesizers import (
     CONTROL_KEYS,
     FRAME_OPEN,
     SUMMARY_KEYS,

@@ -11,7 +11,7 @@ import pytest
 
 from afterword.disk import StateRoot
 from afterword.wal import WalOptions, WriteAheadLog
-from afterword.wal.frame import SEGMENT_HEADER_SIZE, SegmentHeader
+from afterword.wal.layout import SEGMENT_HEADER_SIZE, SegmentHeader
 from afterword.wal.segments import SegmentLog
 
 OPTIONS = WalOptions(segment_size=64 * 1024, max_payload=1024, zero_fill=False)

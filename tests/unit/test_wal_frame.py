@@ -1,4 +1,4 @@
-"""Frame and segment-header byte layout (afterword/wal/frame.py): pure, no disk."""
+"""Frame and segment-header byte layout (afterword/wal/layout.py): pure, no disk."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from afterword.wal.frame import (
+from afterword.wal.layout import (
     ALIGN,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,

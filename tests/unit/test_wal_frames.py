@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from afterword.wal.frame import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, Frame, decode_frame_at, encode_frame
-from afterword.wal.frames import LogFrames
+from afterword.wal.layout import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, Frame, decode_frame_at, encode_frame
+from afterword.wal.log_frames import LogFrames
 
 SALT = 0x0BAD_CAFE_1234_5679
 

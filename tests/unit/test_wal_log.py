@@ -21,7 +21,7 @@ from afterword.wal import (
     WalOptions,
     WriteAheadLog,
 )
-from afterword.wal.frame import (
+from afterword.wal.layout import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     decode_frame_at,

@@ -10,7 +10,7 @@ from array import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from afterword.wal.frame import (
+from afterword.wal.layout import (
     ALIGN,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,

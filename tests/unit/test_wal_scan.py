@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from afterword.wal import SegmentImage, WalCorruptError, scan_chain
-from afterword.wal.frame import (
+from afterword.wal.layout import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     SegmentHeader,

@@ -20,7 +20,7 @@ import pytest
 
 from afterword.disk import StateRoot
 from afterword.wal import Frame, WalCorruptError, WalOptions, WriteAheadLog
-from afterword.wal.frame import (
+from afterword.wal.layout import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     SegmentHeader,
@@ -78,7 +78,7 @@ def frames_on_disk(path: Path) -> list[Frame]:
     data = path.read_bytes()
     header = decode_segment_header(data)
     assert header is not None
-    from afterword.wal.frame import decode_frame_at
+    from afterword.wal.layout import decode_frame_at
 
     offset = SEGMENT_HEADER_SIZE
     while (frame := decode_frame_at(data, offset, header.salt, OPTIONS.max_payload)) is not None:
@@ -188,7 +188,7 @@ def test_each_segment_part_of_a_write_has_its_own_shadow(state_dir: str) -> None
         good = path.read_bytes()
         header = decode_segment_header(good)
         assert header is not None
-        from afterword.wal.frame import decode_frame_at
+        from afterword.wal.layout import decode_frame_at
 
         first = decode_frame_at(good, SEGMENT_HEADER_SIZE, header.salt, 512)
         assert first is not None

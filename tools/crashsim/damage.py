@@ -55,7 +55,7 @@ from afterword.disk import DiskError, NoSyncDisk
 from afterword.legacy.formats import GUARD_PATH, GUARD_TEXT
 from afterword.store import OwnershipLostError, Put, RecordStore, StoreError
 from afterword.wal import WalError
-from afterword.wal.frame import SEGMENT_HEADER_SIZE, Frame, decode_frame_at, decode_segment_header
+from afterword.wal.layout import SEGMENT_HEADER_SIZE, Frame, decode_frame_at, decode_segment_header
 
 from .rollback import ROLLBACK_KINDS, rollback_cases, rolled_back
 from .runner import Scratch

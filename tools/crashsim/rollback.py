@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from afterword.wal.frame import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
+from afterword.wal.layout import SEGMENT_HEADER_SIZE, decode_frame_at, decode_segment_header
 
 ROLLBACK_KINDS = ("segment-rollback", "tail-zeroed")
 ZEROED_WRITES = (1, 2, 20)

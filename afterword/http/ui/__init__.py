@@ -26,7 +26,7 @@ class StatusPage:
     def __init__(self, service: ContinuationService) -> None:
         # No reference to the service itself: it is the key of the weak map below.
         self.base_url = service.base_url
-        self.auth = UiAuth(service.clock_ms, cookie=cookie_name(service.keys.status_page))
+        self.auth = UiAuth(service.clock_ms, cookie=cookie_name(service.status_page_key()))
         self.activity = ActivityRing(service.clock_ms)
         service.on_change.append(self.activity.observe)
 

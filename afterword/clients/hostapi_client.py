@@ -25,7 +25,7 @@ import msgspec
 from ..continuations import errors as E
 from ..protocol import paths
 from ..protocol.headers import RESERVED_ENV, RESERVED_HEADERS, strip_reserved_env, strip_reserved_headers
-from ..protocol.host import CapturedTextBody, RunBody
+from ..protocol.hostapi_wire import CapturedTextBody, RunBody
 from ..protocol.tasks import AdoptedTask, AdoptTaskRequest, TaskHandle, TaskOutcome, TaskReport
 from ..protocol.wire import HealthBody, ListResponse, StatusBody
 

@@ -22,7 +22,14 @@ from ..disk import DiskError
 from ..history import ConversationHistory
 from .routes import Routes
 from .steps import BindingInvalid, Fallback, Steps
-from .synth import ContextMessage, SynthesisRequest, Synthesizer, context_messages, is_local, reads_context
+from .synthesizers import (
+    ContextMessage,
+    SynthesisRequest,
+    Synthesizer,
+    context_messages,
+    is_local,
+    reads_context,
+)
 
 log = logging.getLogger("afterword.worker")
 _json = msgspec.json.Decoder()

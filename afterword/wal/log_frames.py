@@ -18,7 +18,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, overload
 
-from .frame import FRAME_HEADER_SIZE, Frame, encode_frame, frame_size
+from .layout import FRAME_HEADER_SIZE, Frame, encode_frame, frame_size
 
 _SPAN = "q"  # native int64: spans are only ever read back by this process
 
