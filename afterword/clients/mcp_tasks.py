@@ -45,7 +45,7 @@ from ..continuations.taskoutcomes import poll_delay_ms
 from ..errors import AfterwordError, RemoteError
 from ..protocol.tasks import AdoptedTask, TaskHandle, TaskOutcome, TaskReport
 from .mcp_sdk import TaskChannelClosed, TaskUnknown, load
-from .mcp_task_wire import MalformedTask, accepted_text, read_handle, read_outcome
+from .mcp_task_wire import MalformedTask, accepted_text, outcome_of, read_handle
 from .mcp_task_wire import bounded as _bounded
 
 __all__ = ["TaskAdopting", "TaskHost", "TaskReporting"]
@@ -339,7 +339,7 @@ class TaskHost:
             first = False
             try:
                 raw = await _sdk.get_task(lease.session, handle.task_id, self._timeout)
-                outcome = _scrubbed(read_outcome(raw, handle.task_id), lease.secrets)
+                outcome = _scrubbed(outcome_of(raw, handle.task_id), lease.secrets)
                 malformed = 0
             except TaskUnknown:
                 outcome = TaskOutcome(status="lost", message="the server no longer knows this task")

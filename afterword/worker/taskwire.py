@@ -23,7 +23,15 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .taskanswers import Answer, Malformed, TooLarge, Unreachable, answer_from_error, answer_from_result, clip
+from ..protocol.taskanswers import (
+    Answer,
+    Malformed,
+    TooLarge,
+    Unreachable,
+    answer_from_error,
+    answer_from_result,
+    clip,
+)
 
 __all__ = ["TASKS_EXTENSION", "McpTaskWire"]
 
