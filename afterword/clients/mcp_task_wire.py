@@ -13,6 +13,8 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from ..continuations.errors import InvalidRequest
 from ..errors import RemoteError
 from ..protocol.taskanswers import Malformed, Polled, answer_from_result
@@ -79,14 +81,37 @@ def bounded(text: str) -> str:
     return text if len(data) <= MESSAGE_MAX else data[:MESSAGE_MAX].decode("utf-8", "ignore")
 
 
-def outcome_of(raw: Any, task_id: str) -> TaskOutcome:
-    """The one reader's verdict (protocol/taskanswers.py) as the host's follower acts on it: an
-    answer that breaks the protocol raises :class:`MalformedTask`."""
+def outcome_of(raw: Any, task_id: str, secrets: tuple[str, ...] = ()) -> TaskOutcome:
+    """The one reader's verdict (protocol/taskanswers.py) as the host's follower acts on it,
+    cleaned of ``secrets``: an answer that breaks the protocol raises :class:`MalformedTask`."""
     answer = answer_from_result(raw, task_id)
     if isinstance(answer, Malformed):
         raise MalformedTask(answer.detail)
     assert isinstance(answer, Polled)  # the reader of a result answers nothing else
-    return answer.outcome
+    return _scrubbed(answer.outcome, secrets)
+
+
+def _scrub(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {key: _scrub(item, secrets) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_scrub(item, secrets) for item in value]
+    return value
+
+
+def _scrubbed(outcome: TaskOutcome, secrets: tuple[str, ...]) -> TaskOutcome:
+    """``outcome`` without any of ``secrets``: a server that echoes the claim token it was
+    handed must not get it into the record, the trail or the user's answer."""
+    secrets = tuple(secret for secret in secrets if secret)
+    if not secrets or not any(secret in msgspec.json.encode(outcome).decode() for secret in secrets):
+        return outcome
+    return msgspec.structs.replace(
+        outcome, message=_scrub(outcome.message, secrets), result=_scrub(outcome.result, secrets)
+    )
 
 
 def accepted_text(tool: str, continuation_id: str) -> str:
