@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from ..continuations.errors import InvalidRequest
+from ..continuations.errors import Closed, InvalidRequest, RunClosed
 from ..continuations.model import Mode
 from ..protocol.headers import RESERVED_ENV as RESERVED_ENV
 from ..protocol.headers import RESERVED_HEADERS as RESERVED_HEADERS
@@ -197,7 +197,13 @@ class RunBinding:
             raise InvalidRequest(f"server {server!r} is not selected for continuations in this run")
         if self._tasks is None:
             raise InvalidRequest("this binding cannot adopt MCP tasks")
-        return await self._tasks.adopt(cap, handle)
+        try:
+            return await self._tasks.adopt(cap, handle)
+        except RunClosed:
+            if self.settled is None:
+                raise
+            # Settled is final (410, as the host API answers), not merely closed (409).
+            raise Closed(f"run {self.run_id} is already {self.settled}: a task cannot join it") from None
 
     async def close(self) -> list[str]:
         """Close every capability to new claims, wait for admitted claims to finish committing,

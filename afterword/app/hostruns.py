@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..continuations.errors import AdmissionLimit, Closed, Conflict, NotFound, RunClosed
+from ..continuations.errors import AdmissionLimit, Closed, Conflict, NotFound
 from ..continuations.rules import check_host_run, format_ms
 from ..protocol.hostapi_wire import AbandonReason, RunBody, RunState, ServerBinding
 from ..protocol.tasks import AdoptedTask, TaskHandle
@@ -177,12 +177,7 @@ class HostRuns:
         """Adopt an MCP task handle in the run (the binding's ``adopt_task``). A settled run
         refuses it (410), a closed one too (409), except an identical repeat."""
         run = await self._live(run_id)
-        try:
-            return await run.binding.adopt_task(server, handle)
-        except RunClosed:
-            if run.settled:
-                raise Closed(f"run {run_id} is already {run.state}: a task cannot join it") from None
-            raise
+        return await run.binding.adopt_task(server, handle)
 
     async def finalize(self, run_id: str, history: Sequence[Mapping[str, Any]]) -> HostRun:
         run = await self._live(run_id)

@@ -27,14 +27,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
 import anyio
 
-from ..app.binding import RunBinding
 from ..config import Config, ConfigError, McpServer, is_loopback_url, select_continuation_servers
 from ..errors import CallerError
 from ..protocol.headers import RESERVED_HEADERS
+from ..protocol.tasks import AdoptedTask, TaskHandle
 from .mcp_sdk import RequestHook, load
 from .mcp_tasks import TaskAdopting, TaskHost
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from mcp import ClientSession, StdioServerParameters
 
 __all__ = [
+    "HostRunBinding",
     "McpHostError",
     "Settlement",
     "TaskHost",
@@ -58,6 +59,29 @@ __all__ = [
     "stdio_parameters",
     "tool_outcome",
 ]
+
+
+class HostRunBinding(Protocol):
+    """What these helpers use of a run: the in-process ``RunBinding`` (``service.begin_run``)
+    and the host API's ``RemoteRun`` (``HostClient.begin_run``) both satisfy it, so a
+    type-checked host passes either."""
+
+    @property
+    def servers(self) -> Sequence[str]: ...
+
+    def stdio_env(self, server: str, base_env: Mapping[str, str] | None = None) -> dict[str, str]: ...
+
+    def http_headers(self, server: str, base_headers: Mapping[str, str] | None = None) -> dict[str, str]: ...
+
+    async def adopt_task(self, server: str, handle: TaskHandle) -> AdoptedTask: ...
+
+    async def close(self) -> list[str]: ...
+
+    async def finalize(self, history: Sequence[Mapping[str, Any]]) -> str | None: ...
+
+    async def activate(self) -> None: ...
+
+    async def abandon(self) -> None: ...
 
 _sdk = load()
 
@@ -86,12 +110,12 @@ def check_selection(config: Config) -> None:
     )
 
 
-def _selected(binding: RunBinding, server: McpServer) -> bool:
+def _selected(binding: HostRunBinding, server: McpServer) -> bool:
     return server.name in binding.servers
 
 
 def stdio_parameters(
-    binding: RunBinding, server: McpServer, *, inherit: Mapping[str, str] | None = None
+    binding: HostRunBinding, server: McpServer, *, inherit: Mapping[str, str] | None = None
 ) -> StdioServerParameters:
     """SDK parameters to spawn a stdio server for this run.
 
@@ -127,7 +151,7 @@ def _pin_reserved(pinned: Mapping[str, str]) -> RequestHook:
 
 
 def http_client(
-    binding: RunBinding, server: McpServer, *, timeout: httpx2.Timeout | httpx.Timeout = HTTP_TIMEOUT
+    binding: HostRunBinding, server: McpServer, *, timeout: httpx2.Timeout | httpx.Timeout = HTTP_TIMEOUT
 ) -> httpx2.AsyncClient | httpx.AsyncClient:
     """An async HTTP client for a streamable-HTTP server, with the run's reserved headers.
 
@@ -155,7 +179,7 @@ def _seconds(timeout: timedelta | float | None) -> float | None:
 
 @asynccontextmanager
 async def _start(
-    binding: RunBinding,
+    binding: HostRunBinding,
     server: McpServer,
     errlog: TextIO | None,
     read_timeout: timedelta | float | None,
@@ -178,7 +202,7 @@ async def _start(
 
 @asynccontextmanager
 async def open_session(
-    binding: RunBinding,
+    binding: HostRunBinding,
     server: McpServer,
     *,
     errlog: TextIO | None = None,
@@ -231,7 +255,7 @@ async def call_tool(
 
 @asynccontextmanager
 async def connect_servers(
-    binding: RunBinding,
+    binding: HostRunBinding,
     config: Config,
     names: Sequence[str] | None = None,
     *,
@@ -295,7 +319,7 @@ Phase = Literal["closed", "finalized", "committed", "activated"]
 
 
 async def settle_run(
-    binding: RunBinding,
+    binding: HostRunBinding,
     history: Sequence[Mapping[str, Any]],
     commit: Callable[[], Awaitable[None]] | None = None,
     *,

@@ -1,4 +1,5 @@
-"""Reading the MCP Tasks wire on the host side: a task handle and a ``tasks/get`` answer.
+"""Reading the MCP Tasks wire on the host side: a task handle (a ``tasks/get`` answer is read
+by :mod:`afterword.protocol.taskanswers`, the one reader the service's follower uses too).
 
 Only the fields afterword uses are read, each checked; a server that breaks one gets a
 :class:`MalformedTask` whose message names the field and never echoes its value (a task id
@@ -12,14 +13,17 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from ..continuations.errors import InvalidRequest
 from ..errors import RemoteError
+from ..protocol.taskanswers import Malformed, Polled, answer_from_result
 from ..protocol.tasks import MAX_TASK_ID as TASK_ID_MAX
 from ..protocol.tasks import MAX_TASK_MESSAGE as MESSAGE_MAX
 from ..protocol.tasks import TASK_STATUSES as _TASK_STATES
 from ..protocol.tasks import TaskHandle, TaskOutcome, check_handle
 
-__all__ = ["MalformedTask", "accepted_text", "bounded", "read_handle", "read_outcome"]
+__all__ = ["MalformedTask", "accepted_text", "bounded", "outcome_of", "read_handle"]
 
 
 class MalformedTask(RemoteError):
@@ -77,27 +81,37 @@ def bounded(text: str) -> str:
     return text if len(data) <= MESSAGE_MAX else data[:MESSAGE_MAX].decode("utf-8", "ignore")
 
 
-def read_outcome(raw: Mapping[str, Any], task_id: str) -> TaskOutcome:
-    """A ``tasks/get`` answer as the outcome to report; raises :class:`MalformedTask` when it
-    names another task, lacks the result of a completed task, or breaks a field's type."""
-    where = "tasks/get answer"
-    if _task_id(raw, where) != task_id:
-        raise MalformedTask(f"{where}: taskId is not the task asked for")
-    status = _status(raw, where)
-    poll = _millis(raw, "pollIntervalMs", where)
-    message = raw.get("statusMessage")
-    message = bounded(message) if isinstance(message, str) else None
-    if status == "completed":
-        result = raw.get("result")
-        if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
-            raise MalformedTask(f"{where}: a completed task needs a CallToolResult object in result")
-        return TaskOutcome(status="completed", result=result, message=message, poll_interval_ms=poll)
-    if status == "failed":
-        error = raw.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            message = bounded(error["message"])
-        return TaskOutcome(status="failed", message=message or "the task failed", poll_interval_ms=poll)
-    return TaskOutcome(status=status, message=message, poll_interval_ms=poll)  # type: ignore[arg-type]
+def outcome_of(raw: Any, task_id: str, secrets: tuple[str, ...] = ()) -> TaskOutcome:
+    """The one reader's verdict (protocol/taskanswers.py) as the host's follower acts on it,
+    cleaned of ``secrets``: an answer that breaks the protocol raises :class:`MalformedTask`."""
+    answer = answer_from_result(raw, task_id)
+    if isinstance(answer, Malformed):
+        raise MalformedTask(answer.detail)
+    assert isinstance(answer, Polled)  # the reader of a result answers nothing else
+    return _scrubbed(answer.outcome, secrets)
+
+
+def _scrub(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {key: _scrub(item, secrets) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_scrub(item, secrets) for item in value]
+    return value
+
+
+def _scrubbed(outcome: TaskOutcome, secrets: tuple[str, ...]) -> TaskOutcome:
+    """``outcome`` without any of ``secrets``: a server that echoes the claim token it was
+    handed must not get it into the record, the trail or the user's answer."""
+    secrets = tuple(secret for secret in secrets if secret)
+    if not secrets or not any(secret in msgspec.json.encode(outcome).decode() for secret in secrets):
+        return outcome
+    return msgspec.structs.replace(
+        outcome, message=_scrub(outcome.message, secrets), result=_scrub(outcome.result, secrets)
+    )
 
 
 def accepted_text(tool: str, continuation_id: str) -> str:

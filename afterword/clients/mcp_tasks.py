@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..continuations import errors as E
@@ -45,7 +44,7 @@ from ..continuations.taskoutcomes import poll_delay_ms
 from ..errors import AfterwordError, RemoteError
 from ..protocol.tasks import AdoptedTask, TaskHandle, TaskOutcome, TaskReport
 from .mcp_sdk import TaskChannelClosed, TaskUnknown, load
-from .mcp_task_wire import MalformedTask, accepted_text, read_handle, read_outcome
+from .mcp_task_wire import MalformedTask, accepted_text, outcome_of, read_handle
 from .mcp_task_wire import bounded as _bounded
 
 __all__ = ["TaskAdopting", "TaskHost", "TaskReporting"]
@@ -101,29 +100,6 @@ def _transient(exc: BaseException) -> bool:
     other than 503 ``unavailable`` (the MCP SDK missing, which a retry does not install)."""
     status = getattr(exc, "status", 400)
     return (status == 0 or status >= 500) and getattr(exc, "code", "") != "unavailable"
-
-
-def _scrub(value: Any, secrets: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, "[redacted]")
-        return value
-    if isinstance(value, dict):
-        return {key: _scrub(item, secrets) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_scrub(item, secrets) for item in value]
-    return value
-
-
-def _scrubbed(outcome: TaskOutcome, secrets: tuple[str, ...]) -> TaskOutcome:
-    """``outcome`` without any of ``secrets``: a server that echoes the claim token it was
-    handed must not get it into the record, the trail or the user's answer."""
-    secrets = tuple(secret for secret in secrets if secret)
-    if not secrets or not any(secret in msgspec.json.encode(outcome).decode() for secret in secrets):
-        return outcome
-    return msgspec.structs.replace(
-        outcome, message=_scrub(outcome.message, secrets), result=_scrub(outcome.result, secrets)
-    )
 
 
 def _poll_delay_s(interval_ms: int | None, failures: int) -> float:
@@ -339,7 +315,7 @@ class TaskHost:
             first = False
             try:
                 raw = await _sdk.get_task(lease.session, handle.task_id, self._timeout)
-                outcome = _scrubbed(read_outcome(raw, handle.task_id), lease.secrets)
+                outcome = outcome_of(raw, handle.task_id, lease.secrets)
                 malformed = 0
             except TaskUnknown:
                 outcome = TaskOutcome(status="lost", message="the server no longer knows this task")

@@ -159,6 +159,25 @@ def dead_letter_command(rec: Continuation | Tombstone | TombstoneSummary) -> str
     return "acknowledge"
 
 
+NOT_RETRYABLE = (
+    "dead-lettered and cannot be retried (a task its server can no longer answer, or nothing "
+    "left to post): inspect it, tell the user if needed, then acknowledge it"
+)
+SOME_RETRYABLE = (
+    "dead-lettered: inspect each, then run its command (retry where the core accepts one, "
+    "acknowledge where it cannot be retried)"
+)
+
+
+def dead_letter_message(verbs: Iterable[str | None]) -> str:
+    """The explanation of the listed dead letters: it offers ``retry`` only when a retry of
+    each would be accepted, so it never contradicts the commands beside it."""
+    offered = set(verbs)
+    if offered == {"retry"}:
+        return CAUSES["dead_lettered"][3]
+    return NOT_RETRYABLE if offered == {"acknowledge"} else SOME_RETRYABLE
+
+
 # The verdicts a partly delivered answer can still get: some chunks have channel receipts, so
 # "not delivered" would contradict them (transitions.OPERATOR_REFUSALS).
 PARTIAL_RESOLVE_TAIL = " <delivered DELIVERY_ID|dead-lettered>"
@@ -247,6 +266,7 @@ def assess(
                     for cid, verb in zip(ids, verbs, strict=True)
                 )
                 note = ACKNOWLEDGE_GIVES_UP
+                message = dead_letter_message(verbs)
             causes.append(
                 Cause(code, level, len(found[code]), ids, message, commands, inspect, alternatives, note)
             )

@@ -35,9 +35,7 @@ from ..continuations.rules import MAX_RESULT_BODY
 from ..continuations.taskoutcomes import MIN_POLL_MS, poll_delay_ms
 from ..disk import DiskError
 from ..protocol.headers import strip_reserved_headers
-from ..protocol.tasks import TaskOutcome
-from ..store import VersionConflict
-from .taskanswers import (
+from ..protocol.taskanswers import (
     Answer,
     Malformed,
     TooLarge,
@@ -48,6 +46,8 @@ from .taskanswers import (
     scrub_text,
     secrets_of,
 )
+from ..protocol.tasks import TaskOutcome
+from ..store import VersionConflict
 
 __all__ = ["MAX_ANSWER_BYTES", "REQUEST_TIMEOUT_S", "TaskFollower", "TaskWire", "follows_any", "load_wire"]
 

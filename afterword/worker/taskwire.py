@@ -23,7 +23,16 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .taskanswers import Answer, Malformed, TooLarge, Unreachable, answer_from_error, answer_from_result, clip
+from ..errors import RemoteError
+from ..protocol.taskanswers import (
+    Answer,
+    Malformed,
+    TooLarge,
+    Unreachable,
+    answer_from_error,
+    answer_from_result,
+    clip,
+)
 
 __all__ = ["TASKS_EXTENSION", "McpTaskWire"]
 
@@ -54,8 +63,9 @@ class _CancelTask(mcp_types.Request[_TaskParams, Literal["tasks/cancel"]]):
     name_param = "taskId"
 
 
-class AnswerTooLarge(httpx2.StreamError):
-    """Raised inside the SDK's read; the SDK turns it into an error for that one request."""
+class AnswerOverLimit(httpx2.StreamError, RemoteError):
+    """Raised inside the SDK's read; the SDK turns it into an error for that one request. The
+    server's fault (a RemoteError), so not named like the caller's ``...TooLarge`` errors."""
 
 
 class _CappedStream(httpx2.AsyncByteStream):
@@ -70,7 +80,7 @@ class _CappedStream(httpx2.AsyncByteStream):
             seen += len(chunk)
             if seen > self._limit:
                 self._on_exceeded()
-                raise AnswerTooLarge(f"answer longer than {self._limit} bytes")
+                raise AnswerOverLimit(f"answer longer than {self._limit} bytes")
             yield chunk
 
     async def aclose(self) -> None:
@@ -97,7 +107,7 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
             if encoding in ("", "identity"):
                 self._exceeded()
             await response.aclose()
-            raise AnswerTooLarge("answer refused before reading")
+            raise AnswerOverLimit("answer refused before reading")
         return httpx2.Response(
             response.status_code,
             headers=response.headers,

@@ -30,7 +30,7 @@ from fastmcp.utilities.tasks import TaskConfig  # noqa: E402
 from fastmcp_tasks.client import call_tool_task  # noqa: E402
 from test_task_follow import REPLY, adopt, record, service_for, until  # noqa: E402
 
-from afterword.worker.taskanswers import Polled, Unknown  # noqa: E402
+from afterword.protocol.taskanswers import Polled, Unknown  # noqa: E402
 from afterword.worker.taskfollow import load_wire  # noqa: E402
 
 pytestmark = pytest.mark.anyio

@@ -246,3 +246,23 @@ async def test_continuation_operations(host: Callable[..., Any]) -> None:
         cancelled = await x.call("cancel_continuation", other["continuationId"])
         assert cancelled.state == "cancelled"
         assert (await x.call("continuation_health")).status == "healthy"
+
+
+async def test_a_settled_run_refuses_a_task_as_closed_not_as_a_conflict(host: Callable[..., Any]) -> None:
+    # Closed-but-unsettled is RunClosed (HTTP 409); settled is final, plain Closed (HTTP 410),
+    # and the embedded handle must raise the same kind the host API maps to 410.
+    from afterword.continuations.errors import Closed, RunClosed
+    from afterword.protocol.tasks import TaskHandle
+
+    handle = TaskHandle(task_id="task-late", status="working")
+    async with host() as x:
+        closing = await x.begin("run-closing")
+        await closing.close()
+        with pytest.raises(RunClosed):
+            await closing.adopt_task(SERVER, handle)
+        run = await x.begin()
+        await run.finalize(ORIGIN)
+        await run.activate()
+        with pytest.raises(Closed) as settled:
+            await run.adopt_task(SERVER, handle)
+        assert not isinstance(settled.value, RunClosed)

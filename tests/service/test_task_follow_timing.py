@@ -22,8 +22,8 @@ from afterword.app.ports import FollowedTask
 from afterword.config import McpServer
 from afterword.continuations.errors import InvalidTransition
 from afterword.disk import DiskError
+from afterword.protocol.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
 from afterword.protocol.tasks import TaskOutcome, TaskReport
-from afterword.worker.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
 from afterword.worker.taskfollow import TaskFollower, follows_any
 
 URL = "http://127.0.0.1:9/mcp"

@@ -16,7 +16,7 @@ import httpx2  # noqa: E402
 import pytest  # noqa: E402
 from tasks_servers.inproc_sdk_server import TaskBook, serving  # noqa: E402
 
-from afterword.worker.taskanswers import Malformed, Polled, TooLarge, Unknown, Unreachable  # noqa: E402
+from afterword.protocol.taskanswers import Malformed, Polled, TooLarge, Unknown, Unreachable  # noqa: E402
 from afterword.worker.taskfollow import MAX_ANSWER_BYTES, load_wire  # noqa: E402
 from afterword.worker.taskwire import McpTaskWire, _CappedTransport  # noqa: E402
 

@@ -164,3 +164,24 @@ def test_retention_bounds_every_record_once_nobody_needs_to_act() -> None:
 
 def test_clearing_command_quotes_ids() -> None:
     assert clearing_command("expired", "a b") == "afterword continuations acknowledge 'a b'"
+
+
+def test_a_dead_letter_that_cannot_be_retried_is_never_told_to_retry() -> None:
+    # Task dead letters (lost, input required, host gone, protocol error, too large) carry no
+    # answer to post: the core refuses their retry, so health's words must not offer one.
+    from afterword.continuations.model import ErrorInfo
+
+    lost = [
+        rec(f"t{i}", "dead_lettered", last_error=ErrorInfo(code=code, message="m"))
+        for i, code in enumerate(("task_input_required", "task_host_gone", "task_protocol_error"))
+    ]
+    cause = assess(lost, ()).causes[0]
+    assert cause.code == "dead_lettered"
+    assert all(c.startswith("afterword continuations acknowledge ") for c in cause.commands)
+    assert "retry" not in cause.message.replace("cannot be retried", "")
+    retryable = rec("r", "dead_lettered", text="the answer")
+    mixed = assess([*lost, retryable], ()).causes[0]
+    assert "afterword continuations retry r" in mixed.commands
+    assert "acknowledge" in mixed.message and "retry" in mixed.message
+    alone = assess([retryable], ()).causes[0]
+    assert alone.commands == ("afterword continuations retry r",) and "retry it" in alone.message

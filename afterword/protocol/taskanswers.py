@@ -4,18 +4,22 @@ The MCP SDK speaks the JSON-RPC; this module only judges the answer it hands bac
 state (an :class:`~afterword.protocol.tasks.TaskOutcome` for the service's outcome table), the
 server saying it does not know the task (``lost``), an answer that breaks the protocol (a
 failed poll), or no answer at all (the server is unreachable). No I/O and no SDK import, so
-the judgement is testable on any SDK line.
+the judgement is testable on any SDK line. It is the one reader of a ``tasks/get`` answer:
+the service's follower and the host's (``clients/mcp_tasks.py``) both call
+:func:`answer_from_result`, so both judge the same answer the same way.
 """
 
 from __future__ import annotations
 
+import math
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
 
-from ..protocol.tasks import TaskOutcome
+from .tasks import MAX_TASK_ID, TaskOutcome
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -101,9 +105,26 @@ def clip(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
 def _interval(value: int | float | None) -> int | None:
     if value is None:
         return None
-    if value != value or value < 0:  # NaN or negative: no usable hint
-        return 0
     return int(min(value, 2**53))
+
+
+def _broken(task: _Task) -> str | None:
+    """What the schema cannot say about a field, named without its value (a task id may be a
+    bearer secret, and the rest may be hostile text); None when the answer is well-formed."""
+    if not 1 <= len(task.task_id) <= MAX_TASK_ID or any(
+        unicodedata.category(ch) == "Cc" for ch in task.task_id
+    ):
+        return f"taskId must be 1-{MAX_TASK_ID} characters with no control character"
+    value = task.poll_interval_ms
+    if value is not None and (not math.isfinite(value) or value < 0):
+        return "pollIntervalMs must be a non-negative number of milliseconds"
+    if task.result is not None:
+        if not isinstance(task.result.get("content", []), list):
+            return "result.content must be a list"
+        # A string "true" read as success would hand the model a failure as an answer.
+        if not isinstance(task.result.get("isError", False), bool):
+            return "result.isError must be a boolean"
+    return None
 
 
 def _failure_message(task: _Task) -> str:
@@ -122,6 +143,9 @@ def answer_from_result(raw: Any, task_id: str) -> Answer:
         return Malformed(clip(f"tasks/get answer does not match the tasks schema: {exc}", 200))
     if task.task_id != task_id:
         return Malformed("tasks/get answered about a different task id")
+    broken = _broken(task)
+    if broken is not None:
+        return Malformed(f"tasks/get answer: {broken}")
     interval = _interval(task.poll_interval_ms)
     if task.status == "completed":
         if task.result is None:
