@@ -33,7 +33,9 @@ def _cases(seconds: float) -> dict[str, Callable[[str], w.Sample]]:
     }
     for mode, bound in MODES.items():
         for c in (1, 64):
-            cases[f"{mode} c={c}"] = partial(w.afterword_wal, concurrency=c, seconds=seconds, inline_max_s=bound, lag=True)
+            cases[f"{mode} c={c}"] = partial(
+                w.afterword_wal, concurrency=c, seconds=seconds, inline_max_s=bound, lag=True
+            )
         cases[f"{mode} c=1 nosync"] = partial(
             w.afterword_wal, concurrency=1, seconds=seconds, inline_max_s=bound, no_fsync=True, lag=True
         )
@@ -70,7 +72,9 @@ def run(reps: int, seconds: float, base: str, say: Callable[[str], None]) -> dic
 
 
 def render(out: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'case':24} {'ops/s':>9} {'x limit':>8} {'x SQLite':>9} {'us/commit':>10} {'lag p50 ms':>11} {'lag p99 ms':>11} {'stall max ms':>13}"]
+    lines = [
+        f"{'case':24} {'ops/s':>9} {'x limit':>8} {'x SQLite':>9} {'us/commit':>10} {'lag p50 ms':>11} {'lag p99 ms':>11} {'stall max ms':>13}"
+    ]
     for name, row in out.items():
 
         def f(key: str, spec: str, width: int, r: dict[str, float] = row) -> str:
@@ -90,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir")
     parser.add_argument("--json", type=output_path)
     args = parser.parse_args(argv)
-    out = run(args.reps, args.seconds, scratch_base(args.dir), lambda m: print(m, file=sys.stderr, flush=True))
+    out = run(
+        args.reps, args.seconds, scratch_base(args.dir), lambda m: print(m, file=sys.stderr, flush=True)
+    )
     print(render(out))
     if args.json:
         with open(args.json, "w") as fh:

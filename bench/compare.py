@@ -139,10 +139,14 @@ def all_cases(profile: Profile, fixtures: dict[str, str]) -> list[Case]:
     # against SQLite loading the same rows.
     service_label = f"{label}, serve's indexes"
     service_path, service_sqlite = fixtures["open-service"], fixtures["open-service-sqlite"]
-    cases.append(Case(AFTERWORD_STORE, service_label, "open", None, lambda _d: w.afterword_service_open(service_path)))
+    cases.append(
+        Case(AFTERWORD_STORE, service_label, "open", None, lambda _d: w.afterword_service_open(service_path))
+    )
     cases.append(Case(SQLITE, service_label, "open", None, lambda _d: w.sqlite_open(service_sqlite)))
     reads_label = f"{label}, serve's reads"
-    cases.append(Case(AFTERWORD_STORE, reads_label, "open", None, lambda _d: w.afterword_service_reads(service_path)))
+    cases.append(
+        Case(AFTERWORD_STORE, reads_label, "open", None, lambda _d: w.afterword_service_reads(service_path))
+    )
     cases.append(Case(SQLITE, reads_label, "open", None, lambda _d: w.sqlite_service_rows(service_sqlite)))
     # The same, from a catalog without tombstone summaries: every tombstone read (as before them).
     unsummarized = fixtures["open-service-unsummarized"]
@@ -400,8 +404,12 @@ def run(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the same rows, smaller and shorter (< 1 min)")
-    parser.add_argument("--json", metavar="PATH", type=output_path, help="write rows, targets and machine details as JSON")
-    parser.add_argument("--plot", metavar="PATH", type=output_path, help="draw commits/s against concurrency as a PNG")
+    parser.add_argument(
+        "--json", metavar="PATH", type=output_path, help="write rows, targets and machine details as JSON"
+    )
+    parser.add_argument(
+        "--plot", metavar="PATH", type=output_path, help="draw commits/s against concurrency as a PNG"
+    )
     parser.add_argument("--dir", metavar="DIR", help="scratch directory (default: on the repo's file system)")
     parser.add_argument("--reps", type=int, help="repetitions per figure (median reported)")
     parser.add_argument("--seconds", type=float, help="measurement window of each commit sample")

@@ -465,7 +465,9 @@ def report(figures: list[Figure], rss: RssFigure | None = None) -> None:
         p50 = f"{percentile(lat, 50):8.1f}" if lat else f"{'-':>8}"
         p99 = f"{percentile(lat, 99):8.1f}" if lat else f"{'-':>8}"
         cpu = f"{f.cpu_ms:9.3f}" if f.cpu_ms is not None else f"{'-':>9}"
-        print(f"{f.scenario:<24} {f.producers:>9} {f.n:>6} {f.seconds:>8.2f} {f.rate:>8.1f} {p50} {p99} {cpu}")
+        print(
+            f"{f.scenario:<24} {f.producers:>9} {f.n:>6} {f.seconds:>8.2f} {f.rate:>8.1f} {p50} {p99} {cpu}"
+        )
     print("cpu ms/c: the server process's user+system CPU per continuation (bare: per two requests)")
     for r in ratios(figures):
         what = "the bare ceiling" if r["against"] == "bare" else "DBOS Transact's rate"
@@ -560,7 +562,9 @@ async def main(args: argparse.Namespace) -> None:
                 for tree in order:
                     figures.append(await bench_detached(base, producers, n, tree))
                     f = figures[-1]
-                    print(f"  {f.scenario}, {producers} producer(s): {f.rate:.1f} continuations/s", flush=True)
+                    print(
+                        f"  {f.scenario}, {producers} producer(s): {f.rate:.1f} continuations/s", flush=True
+                    )
                 continue
             elif scenario == "detached":
                 figures.append(await bench_detached(base, producers, n))
@@ -606,7 +610,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dbos-inflight", type=int, default=64, help="DBOS workflows in flight")
     parser.add_argument("--rss-active", type=int, default=10_000, help="active continuations for rss")
     parser.add_argument("--rss-tombstones", type=int, default=50_000, help="tombstones for rss")
-    parser.add_argument("--json", type=output_path, help="also write every figure, ratio and the machine's load here")
+    parser.add_argument(
+        "--json", type=output_path, help="also write every figure, ratio and the machine's load here"
+    )
     parser.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT, help="continuations.limits")
     parser.add_argument("--scratch", help="directory for scratch state (default: beside the repository)")
     return parser.parse_args(argv)

@@ -141,8 +141,17 @@ async def e2e_figures(profile: Profile, base: str) -> dict[str, Any]:
                     pair.append(await e2e.bench_detached(base, producers, profile.e2e_n))
             bare = next(f for f in pair if f.scenario.startswith("bare"))
             det = next(f for f in pair if f.scenario.startswith("detached"))
-            runs.append({"rep": rep, "producers": producers, "bare": e2e.figure_json(bare), "detached": e2e.figure_json(det)})
-            say(f"e2e {rep + 1}/{profile.e2e_reps}, {producers} producer(s): {det.rate:.0f} vs {bare.rate:.0f}/s")
+            runs.append(
+                {
+                    "rep": rep,
+                    "producers": producers,
+                    "bare": e2e.figure_json(bare),
+                    "detached": e2e.figure_json(det),
+                }
+            )
+            say(
+                f"e2e {rep + 1}/{profile.e2e_reps}, {producers} producer(s): {det.rate:.0f} vs {bare.rate:.0f}/s"
+            )
     out: dict[str, Any] = {"runs": runs, "errors": {}}
     try:
         dbos = await e2e.bench_dbos(base, profile.dbos_n, DBOS_INFLIGHT)
@@ -174,7 +183,9 @@ def e2e_summary(data: dict[str, Any]) -> dict[int, dict[str, float | None]]:
             "p99_ms": med([r["detached"]["p99_ms"] for r in runs]),
             "cpu_ms": med(det_cpu),
             "bare_cpu_ms": med(bare_cpu),
-            "own_cpu_ms": med([d - b for d, b in zip(det_cpu, bare_cpu, strict=True) if d is not None and b is not None]),
+            "own_cpu_ms": med(
+                [d - b for d, b in zip(det_cpu, bare_cpu, strict=True) if d is not None and b is not None]
+            ),
         }
     return out
 
@@ -425,7 +436,9 @@ def main(argv: Sequence[str] | None = None, printer: Callable[[str], None] = pri
     parser.add_argument("--json", metavar="PATH", type=output_path, help="write every row and figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", type=output_path, help="also write the table here")
     parser.add_argument("--dir", metavar="DIR", help="scratch directory (default: on the repo's file system)")
-    parser.add_argument("--render", metavar="JSON", help="measure nothing: print the table of an earlier --json")
+    parser.add_argument(
+        "--render", metavar="JSON", help="measure nothing: print the table of an earlier --json"
+    )
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render, encoding="utf-8") as fh:

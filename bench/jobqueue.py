@@ -256,7 +256,9 @@ def render(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.jobqueue", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one short repetition (a smoke run)")
-    parser.add_argument("--json", metavar="PATH", type=output_path, help="write the rows and the machine as JSON")
+    parser.add_argument(
+        "--json", metavar="PATH", type=output_path, help="write the rows and the machine as JSON"
+    )
     parser.add_argument("--dir", metavar="DIR", help="scratch directory (default: on the repo's file system)")
     parser.add_argument("--reps", type=int, help="repetitions per figure (median reported)")
     parser.add_argument("--seconds", type=float, help="measurement window of each sample")

@@ -198,7 +198,9 @@ def afterword_wal(
     root = StateRoot(os.path.join(workdir, "state"), disk or OsDisk())
     options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync)
     if inline_max_s is not None:
-        options = WalOptions(max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync, inline_commit_max_s=inline_max_s)
+        options = WalOptions(
+            max_log_bytes=1 << 40, unsafe_no_fsync=no_fsync, inline_commit_max_s=inline_max_s
+        )
     mark = HighWater.create(root, b"\x00" * 16, 0, 0) if high_water else None
     wal, _ = WriteAheadLog.open(root, start_seq=1, checkpoint_lsn=0, options=options, high_water=mark)
     try:

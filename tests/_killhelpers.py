@@ -125,9 +125,13 @@ def after_full_scan(config: Config, timeout: float = 30.0) -> None:
 
     def read() -> tuple[float, float]:
         text = httpx.get(
-            config.base_url + METRICS, headers={"Authorization": f"Bearer {read_operator_token(config)}"}, timeout=10
+            config.base_url + METRICS,
+            headers={"Authorization": f"Bearer {read_operator_token(config)}"},
+            timeout=10,
         ).text
-        values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("afterword_worker_"))
+        values = dict(
+            line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("afterword_worker_")
+        )
         return float(values["afterword_worker_scans_total"]), float(values["afterword_worker_queue_depth"])
 
     # The scrape runs on the worker's event loop and a scan's dispatch never awaits, so any scan

@@ -61,6 +61,8 @@ def built_node() -> str:
         digest = _source_digest()
         built = (TS / "dist" / "src" / "index.js").is_file()
         if not built or not stamp.is_file() or stamp.read_text() != digest:
-            subprocess.run([node, str(TS / "node_modules/typescript/bin/tsc"), "-p", str(TS)], check=True, timeout=300)
+            subprocess.run(
+                [node, str(TS / "node_modules/typescript/bin/tsc"), "-p", str(TS)], check=True, timeout=300
+            )
             stamp.write_text(digest)
     return node

@@ -87,7 +87,9 @@ async def model(session_id: str, context: Sequence[Message]) -> list[Message]:
     last = context[-1]
     if last.role == "user" and last.meta.get("kind") is None:
         calls = tuple(
-            ToolCall(id=fresh("call"), name="run_and_wait" if kind == "wait" else "run", arguments=json.dumps(cmd))
+            ToolCall(
+                id=fresh("call"), name="run_and_wait" if kind == "wait" else "run", arguments=json.dumps(cmd)
+            )
             for kind, cmd in COMMANDS.items()
         )
         return [Message(id=fresh("m"), role="assistant", content="", tool_calls=calls)]
@@ -131,9 +133,12 @@ def settled(rt: TaskRuntime, sessions: Sequence[str]) -> bool:
 
 async def main(state_dir: str, sessions: list[str]) -> None:
     with RecordStore.open(state_dir, disk=NoSyncDisk()) as store:
-        async with TaskRuntime.open(
-            store, model, make_tools=tools, coalesce_window=0.02, retry_delay=lambda n: 0.05
-        ) as rt, anyio.create_task_group() as tg:
+        async with (
+            TaskRuntime.open(
+                store, model, make_tools=tools, coalesce_window=0.02, retry_delay=lambda n: 0.05
+            ) as rt,
+            anyio.create_task_group() as tg,
+        ):
             for session in sessions:
                 user_id = f"{session}-u1"
                 if not answered(await rt.history.latest(session, 500), user_id):

@@ -63,7 +63,9 @@ class Health:
                 ids=[exc.key] if exc.key else [],
                 commands=[self.doctor_command()],
             )
-            return HealthBody(status="unhealthy", counts={}, history_unrecorded=0, active=0, causes=[*first, corrupt])
+            return HealthBody(
+                status="unhealthy", counts={}, history_unrecorded=0, active=0, causes=[*first, corrupt]
+            )
         return HealthBody(
             status="unhealthy" if storage is not None else report.status,
             counts=dict(report.counts),

@@ -74,7 +74,9 @@ class Maintenance:
         it (dead-lettered, or delivery_unknown if posting may have begun), dropping its
         synthesized text to make room. If even that cannot be written, it is left as it was
         (health lists it) and startup carries on."""
-        parked = lifecycle.park(rec, "record_too_large", "the record outgrew the store's per-record limit", now)
+        parked = lifecycle.park(
+            rec, "record_too_large", "the record outgrew the store's per-record limit", now
+        )
         try:
             await self.ledger.commit([(rec, parked)])
             log.error("continuation %s parked: its next version exceeds the store's limits", rec.id)
@@ -98,7 +100,9 @@ class Maintenance:
         compacted = dropped = 0
         # A tombstone is never larger than its record, so the stored sizes bound each batch.
         present = [cid for cid in plan.compact if self.store.get(LIVE + cid) is not None]
-        for batch in bounded_batches(present, self.ledger.stored_size, self.ledger.tx_budget, RETENTION_BATCH):
+        for batch in bounded_batches(
+            present, self.ledger.stored_size, self.ledger.tx_budget, RETENTION_BATCH
+        ):
             async with self.ledger.locked(batch):
                 mutations: list[Mutation] = []
                 expect: dict[str, int | None] = {}
@@ -124,7 +128,9 @@ class Maintenance:
         swept = self.blobs.sweep(referenced) + self.payloads.sweep(referenced)
         if compacted or dropped or swept:
             log.info(
-                "retention: %d compacted, %d tombstones dropped, %d blobs swept", compacted, dropped, len(swept)
+                "retention: %d compacted, %d tombstones dropped, %d blobs swept",
+                compacted,
+                dropped,
+                len(swept),
             )
         return compacted, dropped, len(swept)
-

@@ -58,7 +58,9 @@ def as_resolution(resolution: Resolution | Mapping[str, Any]) -> Resolution:
         return resolution
     kind = resolution.get("kind")
     if kind == "delivered" or kind == "not_delivered" or kind == "dead_lettered":
-        return Resolution(kind=kind, delivery_id=resolution.get("deliveryId") or resolution.get("delivery_id"))
+        return Resolution(
+            kind=kind, delivery_id=resolution.get("deliveryId") or resolution.get("delivery_id")
+        )
     raise InvalidRequest("resolution kind must be delivered, not_delivered or dead_lettered")
 
 
@@ -201,6 +203,8 @@ class Operator:
             # History-only commit: the operator verified the post; nothing is posted again.
             recorded, code = await self.recorder.record_history(rec)
             later = self.ledger.clock_ms()
-            rec, _ = await self.ledger.transition(cid, lambda r: lifecycle.with_history(r, recorded, code, later))
+            rec, _ = await self.ledger.transition(
+                cid, lambda r: lifecycle.with_history(r, recorded, code, later)
+            )
         log.info("continuation %s resolved as %s by operator", cid, res.kind)
         return status_body(rec)

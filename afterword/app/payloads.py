@@ -38,11 +38,15 @@ def check_payload_files(
         size = size_of(digest)
         if size is None:
             raise EvidenceError(
-                path_of(digest), "payload_missing", f"the accepted result of continuation {rec.id} is stored there"
+                path_of(digest),
+                "payload_missing",
+                f"the accepted result of continuation {rec.id} is stored there",
             )
         expected = result.payload_size
         if (expected is not None and size != expected) or size <= INLINE_PAYLOAD_MAX:
             want = f"{expected} bytes" if expected is not None else f"more than {INLINE_PAYLOAD_MAX} bytes"
             raise EvidenceError(
-                path_of(digest), "payload_size", f"{size} bytes, the result of continuation {rec.id} has {want}"
+                path_of(digest),
+                "payload_size",
+                f"{size} bytes, the result of continuation {rec.id} has {want}",
             )

@@ -107,7 +107,9 @@ class Runs:
         return [
             cid
             for cid in run.claim_ids
-            if (rec := self.repo.get(cid)) is not None and not rec.terminal and rec.origin_context == "pending"
+            if (rec := self.repo.get(cid)) is not None
+            and not rec.terminal
+            and rec.origin_context == "pending"
         ]
 
     async def finalize_run(self, run: RunClaims, history: Sequence[Mapping[str, Any]]) -> Finalized | None:
@@ -168,7 +170,9 @@ class Runs:
     # -- bounded settlement ------------------------------------------------------------------
     async def _update(self, run: RunClaims, fn: Callable[[Continuation], Continuation]) -> list[Continuation]:
         out: list[Continuation] = []
-        batches = bounded_batches(self._pending(run), self.ledger.stored_size, self.ledger.tx_budget, SETTLE_BATCH)
+        batches = bounded_batches(
+            self._pending(run), self.ledger.stored_size, self.ledger.tx_budget, SETTLE_BATCH
+        )
         for batch in batches:
             out.extend(await self._settle_batch(batch, fn))
         return out

@@ -101,7 +101,9 @@ class ContinuationService:
         self._claims = Claims(config, self._ledger, self._keys, self._urls, capabilities, self.environ)
         self._results = Results(self._ledger, self._keys, self.payloads)
         self._tasks = Tasks(config, self._ledger, self._claims, self._results)
-        self._runs = Runs(config, self._ledger, self._keys, self._urls, blobs, capabilities, token_bytes, self._tasks)
+        self._runs = Runs(
+            config, self._ledger, self._keys, self._urls, blobs, capabilities, token_bytes, self._tasks
+        )
         self._operator = Operator(config, self._ledger, self._keys.cursor)
         self._maintenance = Maintenance(config, self._ledger, blobs, self.payloads)
         self._health = Health(config, store, self.repo)
@@ -223,7 +225,9 @@ class ContinuationService:
         return self._runs.begin_run(run_id, conversation_id, reply_to, mode)
 
     # -- MCP Tasks bridge (the worker's follower sees these as ports.TaskFollowing) ---------
-    async def report_task_outcome(self, cid: str, outcome: TaskOutcome, *, host_only: bool = False) -> TaskReport:
+    async def report_task_outcome(
+        self, cid: str, outcome: TaskOutcome, *, host_only: bool = False
+    ) -> TaskReport:
         """Apply one answer of ``tasks/get`` to the task-backed continuation ``cid`` (the
         outcome table of docs/tasks-bridge.md); ``cancel`` asks the caller to send tasks/cancel.
         ``host_only``: refuse a service-followed task (the host API's route)."""

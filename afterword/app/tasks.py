@@ -130,7 +130,9 @@ class Tasks:
             if now > cap.expires_at_ms:
                 raise RunClosed(f"run {cap.run_id} is closed: its claim capability expired")
             ttl = handle.ttl_ms if handle.ttl_ms else None
-            span = min(self.config.limits.task_deadline_ms, ttl) if ttl else self.config.limits.task_deadline_ms
+            span = (
+                min(self.config.limits.task_deadline_ms, ttl) if ttl else self.config.limits.task_deadline_ms
+            )
             claim = Claim(
                 id=cid,
                 kind="interactive",
@@ -234,7 +236,9 @@ class Tasks:
             payload_size=len(canonical) if digest is not None else None,
         )
 
-    async def _commit(self, cid: str, decision: table.TaskDecision, result: ResultRecord | None) -> Continuation:
+    async def _commit(
+        self, cid: str, decision: table.TaskDecision, result: ResultRecord | None
+    ) -> Continuation:
         async with self.ledger.locked([cid]):
             rec = self.repo.get(cid)
             if rec is None:

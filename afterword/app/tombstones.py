@@ -89,7 +89,9 @@ class Tombstones:
         try:
             summaries = decode_summaries(len(found), body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise self._error(self.prefix, f"the catalog's tombstone summaries do not decode: {exc}", "") from None
+            raise self._error(
+                self.prefix, f"the catalog's tombstone summaries do not decode: {exc}", ""
+            ) from None
         n = len(self.prefix)
         for (key, _), summary in zip(found, summaries, strict=True):
             if key[n:] != summary.id:  # also catches a summary that parsed across its neighbour
@@ -175,7 +177,9 @@ class Tombstones:
             if summarize(tomb) != summary:
                 raise ValueError("does not match its catalogued summary")
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            self._corrupt = self._error(key, f"tombstone {key!r} cannot be indexed: {exc}", "record_undecodable")
+            self._corrupt = self._error(
+                key, f"tombstone {key!r} cannot be indexed: {exc}", "record_undecodable"
+            )
             raise self._corrupt from None
         return tomb
 

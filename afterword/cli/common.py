@@ -23,7 +23,7 @@ CONFIG_HELP = (
 )
 # `continuations health` (and every operator verb) when the service cannot be reached.
 EXIT_UNREACHABLE = 3
-JSON_HELP = "print JSON on stdout (errors too, as {\"error\": {\"code\", \"message\"}})"
+JSON_HELP = 'print JSON on stdout (errors too, as {"error": {"code", "message"}})'
 
 
 class CliError(AfterwordError):

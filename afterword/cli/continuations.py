@@ -207,7 +207,9 @@ def operator_message(exc: OperatorError, args: argparse.Namespace) -> str:
         400: f"see `afterword continuations {getattr(args, 'verb', '')} -h`",
         401: "the service rejected this state directory's capability: pass the --config the service runs with",
         404: "list the known ids with `afterword continuations list`",
-        409: f"see its state and history with `afterword continuations show {shlex.quote(cid)}`" if cid else None,
+        409: f"see its state and history with `afterword continuations show {shlex.quote(cid)}`"
+        if cid
+        else None,
         410: f"its outcome and receipt: `afterword continuations show {shlex.quote(cid)}`" if cid else None,
     }
     hint = hints.get(exc.status)
@@ -254,7 +256,10 @@ def add_continuations_parser(sub: Any) -> None:
     )
     common(ls)
     ls.add_argument(
-        "--limit", type=positive_int, metavar="N", help="at most N rows, N >= 1 (default and maximum: operatorPageSize)"
+        "--limit",
+        type=positive_int,
+        metavar="N",
+        help="at most N rows, N >= 1 (default and maximum: operatorPageSize)",
     )
     ls.add_argument(
         "--cursor", metavar="CURSOR", help="continue after the previous page (printed when more remain)"

@@ -41,7 +41,10 @@ _ADVICE: dict[str, tuple[str, str]] = {
     "segment_missing": ("a write-ahead log segment holding acknowledged work is gone", _RESTORE_ALL),
     "segment_short": ("a write-ahead log segment was truncated", _RESTORE_ALL),
     "segment_replaced": ("a write-ahead log segment was overwritten or zeroed", _RESTORE_ALL),
-    "acknowledged_lost": ("the log ends before the last transaction the MANIFEST saw acknowledged", _RESTORE_ALL),
+    "acknowledged_lost": (
+        "the log ends before the last transaction the MANIFEST saw acknowledged",
+        _RESTORE_ALL,
+    ),
     # Issue 29: the HIGHWATER mark and the MANIFEST checksum.
     "high_water_lost": (
         "the log ends before the last transaction the HIGHWATER mark saw acknowledged "
@@ -49,7 +52,10 @@ _ADVICE: dict[str, tuple[str, str]] = {
         _RESTORE_ALL,
     ),
     "high_water_mismatch": ("the log holds another transaction where an acknowledged one was", _RESTORE_ALL),
-    "high_water_missing": ("HIGHWATER, which records how far the log was acknowledged, is gone", _RESTORE_ALL),
+    "high_water_missing": (
+        "HIGHWATER, which records how far the log was acknowledged, is gone",
+        _RESTORE_ALL,
+    ),
     "high_water_replaced": ("HIGHWATER is not the file this state's MANIFEST names", _RESTORE_ALL),
     "high_water_damaged": ("HIGHWATER holds no whole mark (damaged or truncated)", _RESTORE_ALL),
     "manifest_checksum": ("MANIFEST was edited or damaged (its checksum does not match)", _RESTORE_ALL),
@@ -100,8 +106,14 @@ _ADVICE: dict[str, tuple[str, str]] = {
         "a file or directory belongs to another user",
         "chown it back to the service's user; no restore needed.",
     ),
-    "symlink": ("a path in the state directory is a symbolic link", "Replace the link with the real file, or restore."),
-    "hard_link": ("a file has more than one hard link", "Replace it with a single-link copy (cp, then mv), or restore."),
+    "symlink": (
+        "a path in the state directory is a symbolic link",
+        "Replace the link with the real file, or restore.",
+    ),
+    "hard_link": (
+        "a file has more than one hard link",
+        "Replace it with a single-link copy (cp, then mv), or restore.",
+    ),
     "not_regular": ("a path that must be a file is something else", _RESTORE_ALL),
     "not_directory": ("a path that must be a directory is something else", _RESTORE_ALL),
     "too_large": ("a file is larger than its format allows (damaged or foreign)", _RESTORE_ALL),
@@ -195,7 +207,7 @@ def _check_service_state(view: StoreView) -> None:
 
 
 def _what_records_count(view: StoreView) -> str:
-    """"records N" is every key in the store, not the number of continuations: say what they are."""
+    """ "records N" is every key in the store, not the number of continuations: say what they are."""
     counts = {prefix: sum(1 for _ in view.items(prefix)) for prefix in (LIVE, TOMB, ACTIVATION)}
     other = len(view) - sum(counts.values())
     return (

@@ -37,7 +37,7 @@ def login_page(url: str) -> bytes:
     """The forwarding page: a meta refresh (no script) and a plain link as a fallback."""
     href = html.escape(url, quote=True)
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
         '<meta name="referrer" content="no-referrer">\n'
         f'<meta http-equiv="refresh" content="0;url={href}">\n'
         "<title>afterword: signing in</title></head>\n"

@@ -51,7 +51,9 @@ _json = msgspec.json.Encoder()
 
 _TIME_FIELDS = {"createdAt", "startedAt", "endedAt", "committedAt", "deliveredAt", "consumedAt", "updatedAt"}
 # Terminal escape sequences: CSI, OSC (ended by BEL or ST), and two-byte ESC sequences.
-_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
+_ESCAPES = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]"
+)
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 OUTPUT_PREFIX = "| "
 
@@ -65,8 +67,9 @@ def clean(text: str, *, one_line: bool = True) -> str:
     text = _ESCAPES.sub("", text)
     if one_line:
         text = text.replace("\n", "\\n").replace("\t", "\\t")
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                         else f"\\u{ord(m.group()):04x}", text)
+    return _CONTROLS.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text
+    )
 
 
 def iso(seconds: float | None) -> str | None:
@@ -255,7 +258,9 @@ def _cancel(state_dir: str, task: TaskRecord, grace: float, out: TextIO, err: Te
         return 3
     pid, identity = task.pid, task.process_identity
     if pid is None or procinfo.probe(pid, identity) != "alive":
-        out.write(f"cancel of {task.task_id} recorded; its process is not running, the host records the end\n")
+        out.write(
+            f"cancel of {task.task_id} recorded; its process is not running, the host records the end\n"
+        )
         return 0
     try:
         os.kill(pid, signal.SIGTERM)  # the wrapper passes it on to the task's process group
@@ -310,4 +315,3 @@ def handle_tasks(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     else:
         _print_show(journal, task, args.output, out)
     return 0
-

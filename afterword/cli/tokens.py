@@ -29,11 +29,19 @@ def _refuse_unsafe_target(target: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode):
-        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        kind = (
+            "a symlink"
+            if stat.S_ISLNK(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "not a regular file"
+        )
         raise CliError(f"refusing to replace {target}: it is {kind}; name a new file", 1, "unsafe_target")
     if st.st_uid != os.geteuid() or st.st_nlink != 1:
         raise CliError(
-            f"refusing to replace {target}: it belongs to another user or has other hard links", 1, "unsafe_target"
+            f"refusing to replace {target}: it belongs to another user or has other hard links",
+            1,
+            "unsafe_target",
         )
 
 
@@ -58,7 +66,9 @@ def _write_token(args: argparse.Namespace, read: Callable[[Config], str], what: 
     try:
         write_private_file(str(target), token.encode())
     except OSError as exc:
-        raise CliError(f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io") from None
+        raise CliError(
+            f"cannot write {target}: {exc.strerror or exc} (choose a writable path)", 1, "io"
+        ) from None
     # The token itself is never printed: the file is the only copy outside the state directory.
     print(f"wrote {what} to {target} (mode 0600)")
     return 0

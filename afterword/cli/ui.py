@@ -48,7 +48,10 @@ def _open(url: str, expires_at_ms: int) -> None:
     except (OSError, DiskError) as exc:
         # The error names the temporary directory at most, never the link.
         reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-        print(f"afterword: cannot write the login page ({reason}); open the link above yourself", file=sys.stderr)
+        print(
+            f"afterword: cannot write the login page ({reason}); open the link above yourself",
+            file=sys.stderr,
+        )
         return
     if not opened:
         print("afterword: no browser could be started; open the link above yourself", file=sys.stderr)

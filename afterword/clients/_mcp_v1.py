@@ -31,7 +31,9 @@ def default_environment() -> dict[str, str]:
     return get_default_environment()
 
 
-def stdio_parameters(command: str, args: list[str], env: dict[str, str], cwd: str | None) -> StdioServerParameters:
+def stdio_parameters(
+    command: str, args: list[str], env: dict[str, str], cwd: str | None
+) -> StdioServerParameters:
     return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
 
 

@@ -39,7 +39,9 @@ def default_environment() -> dict[str, str]:
     return get_default_environment()
 
 
-def stdio_parameters(command: str, args: list[str], env: dict[str, str], cwd: str | None) -> StdioServerParameters:
+def stdio_parameters(
+    command: str, args: list[str], env: dict[str, str], cwd: str | None
+) -> StdioServerParameters:
     return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
 
 
@@ -69,7 +71,9 @@ async def start_session(
 ) -> ClientSession:
     # Client negotiates the protocol revision (discover, else initialize); its session is the
     # same ClientSession type the 1.x adapter yields, so hosts call one API on both lines.
-    client = await stack.enter_async_context(Client(transport, read_timeout_seconds=read_timeout_s, **options))
+    client = await stack.enter_async_context(
+        Client(transport, read_timeout_seconds=read_timeout_s, **options)
+    )
     _clients[client.session] = client
     return client.session
 
@@ -140,7 +144,9 @@ class _TasksExtension(ClientExtension):
     async def _resolve(self, claimed: _TaskHandleResult, ctx: ClaimContext) -> types.CallToolResult:
         raw = claimed.model_dump(by_alias=True, mode="json")
         text, failed = await self._on_handle(raw, ctx.tool_name)
-        raise _Resolved(types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=failed))
+        raise _Resolved(
+            types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=failed)
+        )
 
 
 def tasks_extensions(on_handle: HandleCallback) -> list[Any]:

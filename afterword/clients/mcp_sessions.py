@@ -83,6 +83,7 @@ class HostRunBinding(Protocol):
 
     async def abandon(self) -> None: ...
 
+
 _sdk = load()
 
 # The SDK's own defaults: connect/write within 30 s, and a response stream may stay quiet for

@@ -128,20 +128,14 @@ class OperatorClient:
         return msgspec.json.decode(data, type=ListResponse)
 
     def retry(self, cid: str, allow_unknown: bool) -> StatusBody:
-        data = self._call(
-            "POST", paths.url(paths.RETRY, cid=cid), body={"allowUnknown": allow_unknown}
-        )
+        data = self._call("POST", paths.url(paths.RETRY, cid=cid), body={"allowUnknown": allow_unknown})
         return msgspec.json.decode(data, type=StatusBody)
 
     def cancel(self, cid: str) -> StatusBody:
-        return msgspec.json.decode(
-            self._call("POST", paths.url(paths.CANCEL, cid=cid)), type=StatusBody
-        )
+        return msgspec.json.decode(self._call("POST", paths.url(paths.CANCEL, cid=cid)), type=StatusBody)
 
     def acknowledge(self, cid: str) -> StatusBody:
-        return msgspec.json.decode(
-            self._call("POST", paths.url(paths.ACKNOWLEDGE, cid=cid)), type=StatusBody
-        )
+        return msgspec.json.decode(self._call("POST", paths.url(paths.ACKNOWLEDGE, cid=cid)), type=StatusBody)
 
     def resolve(self, cid: str, kind: str, delivery_id: str | None) -> StatusBody:
         body = {"kind": kind, "deliveryId": delivery_id}

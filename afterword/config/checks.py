@@ -52,9 +52,7 @@ def check_conversation_id(value: str, path: str, file: str | None) -> str:
     if not value:
         raise ConfigError(path, "conversation id must be a non-empty string", file=file)
     if len(value) > MAX_CONVERSATION_ID:
-        raise ConfigError(
-            path, f"conversation id is longer than {MAX_CONVERSATION_ID} characters", file=file
-        )
+        raise ConfigError(path, f"conversation id is longer than {MAX_CONVERSATION_ID} characters", file=file)
     if _CONTROL.search(value):
         raise ConfigError(path, "conversation id must not contain control characters", file=file)
     return value

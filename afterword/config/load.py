@@ -68,11 +68,15 @@ def check_task_limits(limits: Limits, file: str | None) -> None:
     at most an hour, like a run's."""
     if limits.task_deadline_ms > MAX_TASK_DEADLINE_MS:
         raise ConfigError(
-            "continuations.limits.taskDeadlineMs", f"must be at most {MAX_TASK_DEADLINE_MS} (30 days)", file=file
+            "continuations.limits.taskDeadlineMs",
+            f"must be at most {MAX_TASK_DEADLINE_MS} (30 days)",
+            file=file,
         )
     if limits.task_host_lease_ms > MAX_RUN_LEASE_MS:
         raise ConfigError(
-            "continuations.limits.taskHostLeaseMs", f"must be at most {MAX_RUN_LEASE_MS} (one hour)", file=file
+            "continuations.limits.taskHostLeaseMs",
+            f"must be at most {MAX_RUN_LEASE_MS} (one hour)",
+            file=file,
         )
 
 
@@ -105,7 +109,9 @@ def config_from_mapping(
 
     host = check_host(block.host, file)
     port = check_port(block.port, file)
-    state_dir = check_state_dir(resolve_path(config_dir, block.state_dir, "continuations.stateDir", file), file)
+    state_dir = check_state_dir(
+        resolve_path(config_dir, block.state_dir, "continuations.stateDir", file), file
+    )
     limits = Limits(**positive_ints(block.limits, "continuations.limits", file))
     if limits.run_lease_ms > MAX_RUN_LEASE_MS:
         # A run's claim capability lasts an hour; a longer lease would outlive it.

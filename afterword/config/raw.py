@@ -113,9 +113,7 @@ class RawWebhook(
 RawChannel = RawOutbox | RawSlack | RawWebhook
 
 
-class RawContinuations(
-    msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True
-):
+class RawContinuations(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):
     enabled: bool = True
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT

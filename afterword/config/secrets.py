@@ -64,7 +64,9 @@ def detached_token(config: Config, service_name: str, environ: Mapping[str, str]
     )
 
 
-def missing_detached_tokens(config: Config, environ: Mapping[str, str] | None = None) -> list[DetachedService]:
+def missing_detached_tokens(
+    config: Config, environ: Mapping[str, str] | None = None
+) -> list[DetachedService]:
     """Detached services whose token variable is unset: their claims are refused until it is set."""
     env = os.environ if environ is None else environ
     return [s for s in config.detached_services.values() if not env.get(s.token_env)]

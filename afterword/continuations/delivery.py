@@ -113,7 +113,11 @@ def delivery_failed(
 def delivery_unknown(rec: Continuation, code: str, message: str, now_ms: int) -> Continuation:
     require(rec, "delivery_unknown")
     return terminate(
-        rec, move(rec, "delivery_unknown"), now_ms, last_error=ErrorInfo.bounded(code, message), post_unproven=True
+        rec,
+        move(rec, "delivery_unknown"),
+        now_ms,
+        last_error=ErrorInfo.bounded(code, message),
+        post_unproven=True,
     )
 
 

@@ -103,16 +103,16 @@ def submit_result(rec: Continuation, result: ResultRecord, now_ms: int) -> Conti
     require(rec, "submit_result")
     if now_ms > rec.claim.deadline_ms:
         raise Closed("the continuation's deadline has passed")
-    return msgspec.structs.replace(
-        rec, state=move(rec, "submit_result"), result=result, updated_at_ms=now_ms
-    )
+    return msgspec.structs.replace(rec, state=move(rec, "submit_result"), result=result, updated_at_ms=now_ms)
 
 
 def expire(rec: Continuation, now_ms: int) -> Continuation:
     """The deadline passed with no result; a task still running is owed ``tasks/cancel``."""
     require(rec, "expire")
     return request_cancel(
-        terminate(rec, move(rec, "expire"), now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed"))
+        terminate(
+            rec, move(rec, "expire"), now_ms, last_error=ErrorInfo.bounded("expired", "deadline passed")
+        )
     )
 
 
@@ -205,7 +205,11 @@ def fail_synthesis(rec: Continuation, code: str, message: str, now_ms: int) -> C
     if rec.state == "result_received":
         attempts = Attempts(synthesis=attempts.synthesis + 1, delivery=attempts.delivery)
     return terminate(
-        rec, move(rec, "fail_synthesis"), now_ms, attempts=attempts, last_error=ErrorInfo.bounded(code, message)
+        rec,
+        move(rec, "fail_synthesis"),
+        now_ms,
+        attempts=attempts,
+        last_error=ErrorInfo.bounded(code, message),
     )
 
 

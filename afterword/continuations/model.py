@@ -87,7 +87,9 @@ class ResultRecord(msgspec.Struct, frozen=True, kw_only=True):
     payload: bytes = b""
     received_at_ms: int
     payload_digest: str | None = None
-    payload_size: int | None = None  # bytes of the out-of-line file (checked at open); None before it was kept
+    payload_size: int | None = (
+        None  # bytes of the out-of-line file (checked at open); None before it was kept
+    )
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):

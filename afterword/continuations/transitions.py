@@ -82,7 +82,11 @@ _DELIVERING: dict[Event, State] = {
     "recover_delivery": "delivery_unknown",
     "park_unknown": "delivery_unknown",
 }
-_ACTIVE_END: dict[Event, State] = {"dead_letter": "dead_lettered", "park": "dead_lettered", "cancel": "cancelled"}
+_ACTIVE_END: dict[Event, State] = {
+    "dead_letter": "dead_lettered",
+    "park": "dead_lettered",
+    "cancel": "cancelled",
+}
 _OPERATOR_RETRY: dict[Event, State] = {
     "retry_delivery": "delivery_retry",
     "retry_synthesis": "result_received",

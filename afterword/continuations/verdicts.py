@@ -30,7 +30,10 @@ def cancel(rec: Continuation, now_ms: int) -> Continuation | None:
     # A task-backed record's task may still run: tasks/cancel is owed, durable with the cancel.
     return request_cancel(
         terminate(
-            rec, move(rec, "cancel"), now_ms, last_error=ErrorInfo.bounded("cancelled", "cancelled by operator")
+            rec,
+            move(rec, "cancel"),
+            now_ms,
+            last_error=ErrorInfo.bounded("cancelled", "cancelled by operator"),
         )
     )
 

@@ -72,8 +72,7 @@ class CheckedRoot:
     def check_writable(self) -> None:
         if self._failed is not None:
             raise DiskFailedError(
-                f"{self.root}: refusing writes after an earlier failure ({self._failed}); "
-                "reopen to recover"
+                f"{self.root}: refusing writes after an earlier failure ({self._failed}); reopen to recover"
             ) from None
 
     def durable(self, path: str, operation: str, fn: Callable[..., object], *args: object) -> None:
@@ -190,7 +189,9 @@ class CheckedRoot:
         try:
             st = self.disk.lstat(self.root)
         except FileNotFoundError:
-            raise UnsafeStateError(self.root, "identity_changed", "state directory moved away or removed") from None
+            raise UnsafeStateError(
+                self.root, "identity_changed", "state directory moved away or removed"
+            ) from None
         if stat.S_ISLNK(st.st_mode):
             raise UnsafeStateError(self.root, "symlink")
         if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):

@@ -56,6 +56,7 @@ Guard = Callable[[Sequence[Message]], bool]
 class _Refused(AfterwordError):
     """A guarded append whose guard said no (internal)."""
 
+
 PREFIX = "history/"
 DIGEST_CHARS = 32
 MAX_MESSAGE_ID_CHARS = 256
@@ -163,9 +164,7 @@ class DurableHistory:
         self._locks = shared_locks(store, "history:conversations")
         # Raises here for a bad record already stored; one committed later makes every use of
         # this history raise (the collection fails closed).
-        self._messages = Collection(
-            store, PREFIX, StoredMessage, on_change=self._index, error=_corrupt
-        )
+        self._messages = Collection(store, PREFIX, StoredMessage, on_change=self._index, error=_corrupt)
 
     def _check(self) -> None:
         self._messages.check()
@@ -300,7 +299,10 @@ class DurableHistory:
             raise HistoryError(f"a concurrent append of message {missing[0]!r} did not commit")
 
     def _reserve_locked(
-        self, conversation_id: str, digest: str, batch: dict[str, Message],
+        self,
+        conversation_id: str,
+        digest: str,
+        batch: dict[str, Message],
         guard: tuple[int, Guard] | None,
     ) -> tuple[PendingCommit | None, list[anyio.Event], Callable[[], None]]:
         conv = self._conversation(conversation_id)
@@ -337,7 +339,8 @@ class DurableHistory:
         excess = len(applied) + len(flight.seqs) - dead + len(fresh) - self.max_messages
         doomed = (
             list(islice((seq for seq in chain(applied, flight.seqs) if seq not in deleting), excess))
-            if excess > 0 else []
+            if excess > 0
+            else []
         )
         mutations.extend(Delete(message_key(digest, seq)) for seq in doomed)
         try:

@@ -16,6 +16,7 @@ from ..wal.log import FSYNC_BUCKETS
 if TYPE_CHECKING:
     from ..app.service import ContinuationService
 
+
 class ServiceCollector(Collector):
     def __init__(self, service: ContinuationService) -> None:
         self.service = service

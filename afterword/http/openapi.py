@@ -19,7 +19,8 @@ from typing import Any
 import msgspec
 
 from ..protocol.wire import ErrorBody
-from .operations import ERRORS, OPERATIONS, SECURITY, Operation
+from .api_contract import ERRORS, SECURITY, Operation
+from .operations import OPERATIONS
 from .strictjson import MAX_JSON_DEPTH
 
 

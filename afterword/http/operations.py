@@ -8,14 +8,9 @@ service really answers. Paths come from :mod:`afterword.protocol.paths`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from ..continuations.model import STATES
 from ..protocol import paths
 from ..protocol.headers import SERVICE_NAME_HEADER
-from ..protocol.hostapi_wire import BeginRunRequest, CapturedTextBody, FinalizeRequest, RunBody
-from ..protocol.tasks import AdoptedTask, AdoptTaskRequest, TaskOutcome, TaskReport
 from ..protocol.wire import (
     ClaimRequest,
     ClaimResponse,
@@ -30,44 +25,10 @@ from ..protocol.wire import (
     StatusBody,
     UiLoginBody,
 )
+from .api_contract import ERRORS, SECURITY, Operation
+from .host_operations import HOST_OPERATIONS
 
-ERRORS = {
-    400: "invalid_request: malformed request, body or parameter, or a Host header that does not "
-    "name this loopback service",
-    401: "unauthorized: no valid credential for this operation",
-    403: "forbidden: the credential does not grant this destination",
-    404: "not_found: no such continuation (or run)",
-    408: "timeout: the request body did not arrive within the body deadline",
-    409: "conflict: contradicts what was already accepted, or the state does not allow it (an "
-    "operator verb while a delivery attempt is in flight, or one that would drop or repeat "
-    "posted chunks, is refused with the reason); closed: a task handle for a run that is closed "
-    "but not settled",
-    410: "closed: the capability, continuation or run no longer accepts this; or, from an "
-    "operator verb (retry, cancel, resolve), compacted: retention compacted the record, its "
-    "payload and answer are gone and only its outcome remains (show and list still report it)",
-    413: "too_large: the body exceeds this route's limit, or the origin snapshot its quota",
-    429: "admission_limit: too many active continuations (claims), or too many open runs "
-    "(beginRun, with Retry-After)",
-    503: "unavailable: this service lacks what the request needs (following an MCP task without "
-    "the MCP SDK: install afterword[mcp])",
-}
-
-
-@dataclass(frozen=True)
-class Operation:
-    method: str
-    path: str
-    operation_id: str
-    summary: str
-    security: str | None
-    request: type | None
-    response: type | None  # None: Prometheus text
-    errors: tuple[int, ...]
-    request_optional: bool = False
-    query: tuple[tuple[str, dict[str, Any]], ...] = ()
-    headers: tuple[tuple[str, str], ...] = ()
-    also_security: str | None = None  # a second credential that opens the operation too
-
+__all__ = ["ERRORS", "HOST_OPERATIONS", "OPERATIONS", "SECURITY", "Operation"]
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
@@ -242,151 +203,4 @@ OPERATIONS: tuple[Operation, ...] = (
         (400,),
     ),
 )
-
-_HOST = "hostCapability"
-HOST_OPERATIONS: tuple[Operation, ...] = (
-    Operation(
-        "post",
-        paths.HOST_RUNS,
-        "beginRun",
-        "Bind a run: one claim capability per selected server (an identical repeat is idempotent)",
-        _HOST,
-        BeginRunRequest,
-        RunBody,
-        (400, 401, 408, 409, 413, 429),
-    ),
-    Operation(
-        "get",
-        paths.HOST_RUN,
-        "getRun",
-        "A run's state, lease and claims",
-        _HOST,
-        None,
-        RunBody,
-        (400, 401, 404),
-    ),
-    Operation(
-        "post",
-        paths.HOST_HEARTBEAT,
-        "heartbeatRun",
-        "Renew the run's lease (every run call renews it too)",
-        _HOST,
-        None,
-        RunBody,
-        (400, 401, 404, 410),
-    ),
-    Operation(
-        "post",
-        paths.HOST_CLOSE,
-        "closeRun",
-        "Close the run's capabilities to new claims and drain admitted ones",
-        _HOST,
-        None,
-        RunBody,
-        (400, 401, 404),
-    ),
-    Operation(
-        "post",
-        paths.HOST_FINALIZE,
-        "finalizeRun",
-        "Bind the origin snapshot to every active claim, before the host commits its turn",
-        _HOST,
-        FinalizeRequest,
-        RunBody,
-        (400, 401, 404, 408, 410, 413),
-    ),
-    Operation(
-        "post",
-        paths.HOST_ACTIVATE,
-        "activateRun",
-        "The host committed its turn: publish the group activation marker",
-        _HOST,
-        None,
-        RunBody,
-        (400, 401, 404, 410),
-    ),
-    Operation(
-        "post",
-        paths.HOST_ABANDON,
-        "abandonRun",
-        "The turn failed before commit: its continuations take the fixed fallback answer",
-        _HOST,
-        None,
-        RunBody,
-        (400, 401, 404),
-    ),
-    Operation(
-        "post", paths.HOST_TASKS, "adoptTask", "Adopt an MCP task handle as a continuation of the run",
-        _HOST, AdoptTaskRequest, AdoptedTask, (400, 401, 404, 408, 409, 410, 413, 429, 503),
-    ),
-    Operation("get", paths.HOST_HEALTH, "hostHealth", "Service health", _HOST, None, HealthBody, (400, 401)),
-    Operation(
-        "get",
-        paths.HOST_LIST,
-        "hostListContinuations",
-        "List continuations (keyset pages)",
-        _HOST,
-        None,
-        ListResponse,
-        (400, 401),
-        query=(
-            ("limit", {"type": "string", "pattern": "^[0-9]{1,9}$"}),
-            ("cursor", {"type": "string"}),
-        ),
-    ),
-    Operation(
-        "get",
-        paths.HOST_CAPTURED_TEXT,
-        "capturedText",
-        "The retained text of a delivered capture continuation (host capability only)",
-        _HOST,
-        None,
-        CapturedTextBody,
-        (400, 401, 404),
-    ),
-    Operation(
-        "post",
-        paths.HOST_RETRY,
-        "hostRetry",
-        "Retry a failed or unknown delivery",
-        _HOST,
-        RetryRequest,
-        StatusBody,
-        (400, 401, 404, 408, 409, 410, 413),
-        request_optional=True,
-    ),
-    Operation(
-        "post",
-        paths.HOST_CANCEL,
-        "hostCancel",
-        "Cancel a continuation",
-        _HOST,
-        None,
-        StatusBody,
-        (400, 401, 404, 409, 410),
-    ),
-    Operation(
-        "post",
-        paths.HOST_RESOLVE,
-        "hostResolve",
-        "Resolve an unknown delivery",
-        _HOST,
-        ResolveRequest,
-        StatusBody,
-        (400, 401, 404, 408, 409, 410, 413),
-    ),
-    Operation(
-        "post", paths.HOST_TASK_OUTCOME, "reportTaskOutcome", "Report tasks/get's answer for a host-followed task",
-        _HOST, TaskOutcome, TaskReport, (400, 401, 404, 408, 409, 413),
-    ),
-)
 OPERATIONS = OPERATIONS + HOST_OPERATIONS
-
-SECURITY = {
-    "claimCapability": "The run's claim token, handed to a selected tool server with its MCP request",
-    "resultToken": "The resultToken from the claim response; valid for that continuation only",
-    "detachedToken": f"The detached service's configured token (with {SERVICE_NAME_HEADER})",
-    "operatorCapability": "Derived from the state directory's secret by the service's owner",
-    "metricsCapability": "Read-only; opens the metrics only (afterword continuations metrics-token)",
-    "hostCapability": "Opens the /v1/host API only (afterword continuations host-token --file PATH)",
-}

@@ -96,7 +96,10 @@ class AdoptTaskRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     def handle(self) -> TaskHandle:
         return TaskHandle(
-            task_id=self.task_id, status=self.status, poll_interval_ms=self.poll_interval_ms, ttl_ms=self.ttl_ms
+            task_id=self.task_id,
+            status=self.status,
+            poll_interval_ms=self.poll_interval_ms,
+            ttl_ms=self.ttl_ms,
         )
 
 

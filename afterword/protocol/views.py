@@ -133,7 +133,9 @@ def task_body(server: str, task: TaskBacking | None) -> TaskBody | None:
         return None
     cancel = None
     if task.cancel_requested:
-        cancel = "owed" if task.cancel_sent_at_ms is None else ("failed" if task.cancel_ok is False else "sent")
+        cancel = (
+            "owed" if task.cancel_sent_at_ms is None else ("failed" if task.cancel_ok is False else "sent")
+        )
     return TaskBody(
         server=server,
         task_id=task.task_id,
@@ -146,9 +148,7 @@ def task_body(server: str, task: TaskBacking | None) -> TaskBody | None:
 
 
 def detail_body(rec: Continuation | Tombstone) -> DetailBody:
-    history = [
-        StateChangeBody(state=h.state, at=format_ms(h.at_ms), error=h.error) for h in rec.history
-    ]
+    history = [StateChangeBody(state=h.state, at=format_ms(h.at_ms), error=h.error) for h in rec.history]
     return DetailBody(
         status=status_body(rec),
         server_name=rec.claim.server_name,

@@ -82,7 +82,9 @@ def names_check(names: list[str]) -> str:
 Entry = tuple[str, int, tuple[str, ...]] | tuple[str, int, tuple[str, ...], bytes]
 
 
-def encode_catalog(checkpoint_lsn: int, entries: Sequence[Entry], tags: dict[str, str] | None = None) -> bytes:
+def encode_catalog(
+    checkpoint_lsn: int, entries: Sequence[Entry], tags: dict[str, str] | None = None
+) -> bytes:
     """``CATALOG`` bytes: magic, msgpack ``[checkpoint_lsn, files, [[key, lsn, [blob, ...]
     (, summary)], ...], {prefix: tag}]``, then the xxh3 of everything before it. An entry
     may carry a fourth element, its summary (see :class:`Summarizer`)."""
@@ -152,7 +154,9 @@ def read_catalogued(root: StateRoot, max_record_bytes: int, wanted: list[Catalog
         files = root.read_all(RECORDS, names, max_size=max_record_bytes + 4096)
     except UnsafeStateError as exc:
         if exc.rule == "missing":
-            raise EvidenceError(exc.path, "record_digest", "the checkpoint recorded this record file") from None
+            raise EvidenceError(
+                exc.path, "record_digest", "the checkpoint recorded this record file"
+            ) from None
         raise
     out: list[RecordImage] = []
     for (name, data), entry in zip(files, wanted, strict=True):

@@ -33,7 +33,9 @@ class CheckpointImage:
     catalog: CatalogSource
 
 
-def write_checkpoint(root: StateRoot, manifests: ManifestKeeper, image: CheckpointImage, threads: int) -> None:
+def write_checkpoint(
+    root: StateRoot, manifests: ManifestKeeper, image: CheckpointImage, threads: int
+) -> None:
     """Record files, then the catalog, then the MANIFEST naming both: a crash before the last
     write leaves the previous MANIFEST in force, and the log still covers everything."""
     # The catalog lists every record the digest counts: the MANIFEST's record_count.
@@ -100,7 +102,10 @@ def catalog_entries(source: CatalogSource) -> tuple[list[Entry], dict[str, str]]
             entries.append((key, rec.lsn, rec.blobs))
     source.cache.clear()
     source.cache.update(cache)
-    entries += [(key, e.lsn, e.blobs, e.summary) if e.summary else (key, e.lsn, e.blobs) for key, e in source.unread.items()]
+    entries += [
+        (key, e.lsn, e.blobs, e.summary) if e.summary else (key, e.lsn, e.blobs)
+        for key, e in source.unread.items()
+    ]
     return entries, tags
 
 

@@ -175,7 +175,9 @@ def decode_manifest(data: bytes) -> Manifest:
     if manifest.format not in (FORMAT, FORMAT_V4, FORMAT_V3):
         raise StoreCorruptError(f"MANIFEST: format {manifest.format!r}, expected {FORMAT!r}")
     if manifest.format != FORMAT_V3 and (not manifest.record_digest or not manifest.secret_check):
-        raise StoreCorruptError(f"MANIFEST: a {manifest.format} manifest must carry record_digest and secret_check")
+        raise StoreCorruptError(
+            f"MANIFEST: a {manifest.format} manifest must carry record_digest and secret_check"
+        )
     if manifest.catalog and manifest.format != FORMAT:
         raise StoreCorruptError(f"MANIFEST: a {manifest.format} manifest names no catalog")
     if len(manifest.generation.encode()) > MAX_GENERATION_BYTES:

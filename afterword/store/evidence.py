@@ -103,7 +103,9 @@ def secret_check(secret: bytes) -> str:
 
 def check_secret(path: str, secret: bytes | None, expected: str) -> None:
     if secret is None:
-        raise EvidenceError(path, "secret_missing", "state exists, so the secret it was written with must too")
+        raise EvidenceError(
+            path, "secret_missing", "state exists, so the secret it was written with must too"
+        )
     if expected and not hmac.compare_digest(secret_check(secret), expected):
         raise EvidenceError(path, "secret_mismatch", "not the secret this state was written with")
 
@@ -117,8 +119,9 @@ class ReplayCheck:
     file a put reproduces.
     """
 
-    def __init__(self, *, records_path: str, checkpoint_lsn: int, digest: str, count: int,
-                 loaded: dict[str, int]) -> None:
+    def __init__(
+        self, *, records_path: str, checkpoint_lsn: int, digest: str, count: int, loaded: dict[str, int]
+    ) -> None:
         self.records_path = records_path
         self.expected = Digest.parse(digest, count) if digest else None
         # Record files newer than the checkpoint must each be reproduced by replay.

@@ -115,7 +115,10 @@ class _Hold:
         self._acquired = acquired
 
     async def __aexit__(
-        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+        self,
+        et: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         acquired, self._acquired = self._acquired, None
         if acquired:

@@ -47,10 +47,14 @@ def read_manifest(root: StateRoot) -> Manifest | None:
     path = root.path(MANIFEST)
     if manifest.checksum:
         if not hmac.compare_digest(manifest.checksum, manifest_checksum(manifest)):
-            raise EvidenceError(path, "manifest_checksum", "its content does not match its checksum (edited or damaged)")
+            raise EvidenceError(
+                path, "manifest_checksum", "its content does not match its checksum (edited or damaged)"
+            )
     elif root.exists(HIGHWATER):
         raise EvidenceError(
-            path, "manifest_checksum", "it carries no checksum, but HIGHWATER shows a build that writes one wrote here"
+            path,
+            "manifest_checksum",
+            "it carries no checksum, but HIGHWATER shows a build that writes one wrote here",
         )
     return manifest
 
@@ -61,8 +65,12 @@ def read_high_water(root: StateRoot, manifest: Manifest) -> tuple[Mark, str] | N
         return None
     path = root.path(HIGHWATER)
     if not root.exists(HIGHWATER):
-        raise WalEvidenceError(path, "high_water_missing", "the MANIFEST names it; it records the acknowledged lsn")
-    return read_mark(root.read_file(HIGHWATER, max_size=HIGHWATER_SIZE), path, bytes.fromhex(manifest.high_water)), path
+        raise WalEvidenceError(
+            path, "high_water_missing", "the MANIFEST names it; it records the acknowledged lsn"
+        )
+    return read_mark(
+        root.read_file(HIGHWATER, max_size=HIGHWATER_SIZE), path, bytes.fromhex(manifest.high_water)
+    ), path
 
 
 def read_secret(root: StateRoot) -> bytes | None:

@@ -51,7 +51,9 @@ class ManifestKeeper:
             start = fields.get("wal_start_seq", base.wal_start_seq)
             if "segments" not in changes and wal is not None:
                 fields["segments"] = tuple(
-                    SegmentRef(slot=r.slot, seq=r.seq, salt=f"{r.salt:016x}", first_lsn=r.first_lsn, size=r.size)
+                    SegmentRef(
+                        slot=r.slot, seq=r.seq, salt=f"{r.salt:016x}", first_lsn=r.first_lsn, size=r.size
+                    )
                     for r in wal.live_segments(start)
                 )
             fields["generation"] = generation_id(fields.get("checkpoint_lsn", base.checkpoint_lsn))

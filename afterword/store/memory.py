@@ -130,7 +130,9 @@ class CommittedState:
     def referenced_blobs(self) -> set[str]:
         return {d for d, n in self.blob_refs.items() if n > 0}
 
-    def watch(self, prefix: str, fn: Watcher, summarizer: Summarizer | None = None) -> list[tuple[str, bytes]]:
+    def watch(
+        self, prefix: str, fn: Watcher, summarizer: Summarizer | None = None
+    ) -> list[tuple[str, bytes]]:
         self.watchers.append((prefix, fn))
         summarized: list[tuple[str, bytes]] = []
         if summarizer is not None:
@@ -224,7 +226,9 @@ class CommittedState:
 
     def catalog_source(self) -> CatalogSource:
         """Copies of what a checkpoint's catalog lists (cheap; encoded off the event loop)."""
-        return CatalogSource(dict(self.records), dict(self.unread), dict(self.summarizers), self.tags, self.summaries)
+        return CatalogSource(
+            dict(self.records), dict(self.unread), dict(self.summarizers), self.tags, self.summaries
+        )
 
     def take_dirty(self) -> dict[str, Record | None]:
         """The records changed since the last checkpoint (None: deleted), now marked clean."""

@@ -53,7 +53,9 @@ def check_lock_file(root: StateRoot) -> tuple[int, int] | None:
     finally:
         root.close(handle)
     if head and head != SQLITE_MAGIC:
-        raise UnsafeStateError(handle.path, "bad_lock_file", "not an SQLite database; remove it while no host runs")
+        raise UnsafeStateError(
+            handle.path, "bad_lock_file", "not an SQLite database; remove it while no host runs"
+        )
     return handle.dev, handle.ino
 
 

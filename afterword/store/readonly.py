@@ -171,4 +171,3 @@ def _read(root: StateRoot, options: StoreOptions) -> StoreView:
     assert frames.first_lsn == manifest.checkpoint_lsn + 1, "the log continues the checkpoint"
     lsn = frames.first_lsn + len(frames) - 1
     return StoreView(root=root, manifest=manifest, secret=secret, lsn=lsn, records=state.records)
-

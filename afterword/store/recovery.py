@@ -124,7 +124,9 @@ def _create(root: StateRoot, secret: bytes | None) -> tuple[bytes, Manifest]:
     return secret, manifest
 
 
-def _load_records(root: StateRoot, options: StoreOptions, state: CommittedState, manifest: Manifest) -> list[str]:
+def _load_records(
+    root: StateRoot, options: StoreOptions, state: CommittedState, manifest: Manifest
+) -> list[str]:
     """Load ``state`` from the catalog when the MANIFEST names a good one, else from every
     record file. Returns the keys the catalog lists whose file is missing (checked after
     replay: only a record replay replaces or deletes may have lost its file)."""

@@ -100,9 +100,7 @@ class RecordStore:
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
-    def open(
-        cls, path: str, *, disk: Disk | None = None, options: StoreOptions | None = None
-    ) -> RecordStore:
+    def open(cls, path: str, *, disk: Disk | None = None, options: StoreOptions | None = None) -> RecordStore:
         """Lock, validate, load and recover the store at ``path`` (created if absent)."""
         began = time.perf_counter()
         self = cls()
@@ -186,7 +184,9 @@ class RecordStore:
     def referenced_blobs(self) -> set[str]:
         return self._state.referenced_blobs()
 
-    def watch(self, prefix: str, fn: Watcher, summarizer: Summarizer | None = None) -> list[tuple[str, bytes]]:
+    def watch(
+        self, prefix: str, fn: Watcher, summarizer: Summarizer | None = None
+    ) -> list[tuple[str, bytes]]:
         """Call ``fn(key, old, new)`` for every committed change under ``prefix``; existing
         records first as ``(key, None, record)``, except those the catalog summarized under
         ``summarizer``'s tag: returned as ``(key, summary)``, unread (see :class:`Summarizer`)."""

@@ -45,5 +45,7 @@ def build_transaction(
         observe(TransactionInfo(frozen, len(data)))
     for op in ops:
         if op.value is not None and len(op.value) > options.max_record_bytes:
-            raise RecordTooLarge(f"record {op.key!r}: {len(op.value)} bytes exceeds {options.max_record_bytes}")
+            raise RecordTooLarge(
+                f"record {op.key!r}: {len(op.value)} bytes exceeds {options.max_record_bytes}"
+            )
     return frozen, data

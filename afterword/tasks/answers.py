@@ -78,7 +78,10 @@ class ToolAnswers:
         if refused:
             _log.warning(
                 "session %r, tool %r: refused the report of %s as ended (not ended, or not started "
-                "by this call); they will be notified when they end", session_id, call.name, refused
+                "by this call); they will be notified when they end",
+                session_id,
+                call.name,
+                refused,
             )
         return kept
 

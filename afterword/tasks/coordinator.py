@@ -181,7 +181,9 @@ class ExecutionCoordinator:
         async with self.runner.lock(session_id):
             try:
                 host = HostTurn(
-                    session_id, runner=self.runner, processor=self.processor,
+                    session_id,
+                    runner=self.runner,
+                    processor=self.processor,
                     compaction=Compaction(self.journal, self.notifications.history),
                 )
                 yield host
@@ -235,8 +237,12 @@ class ExecutionCoordinator:
             steps.append(await self.runner.step(session_id, None, consume=False))
         consumed = await self._settle(steps)
         return TurnResult(
-            session_id=session_id, steps=tuple(steps), tool_results=tuple(results),
-            open_calls=tuple(open_calls), stopped=stopped, consumed=consumed,
+            session_id=session_id,
+            steps=tuple(steps),
+            tool_results=tuple(results),
+            open_calls=tuple(open_calls),
+            stopped=stopped,
+            consumed=consumed,
         )
 
     async def _unanswered(self, session_id: str, outcome: TurnOutcome) -> list[ToolCall]:
@@ -259,7 +265,9 @@ class ExecutionCoordinator:
             return messages
 
     def _on_delivered(self, session_id: str, messages: Sequence[Message]) -> None:
-        emit(self.on_event, SessionEvent(session_id=session_id, kind="notifications", messages=tuple(messages)))
+        emit(
+            self.on_event, SessionEvent(session_id=session_id, kind="notifications", messages=tuple(messages))
+        )
 
     def _after_turn(self, session_id: str) -> None:
         if session_id in self._rewake:
@@ -333,16 +341,21 @@ class ExecutionCoordinator:
     async def _auto(self, session_id: str) -> None:
         result = await self.wake(session_id)
         if result.outcome is not None:
-            emit(self.on_event, SessionEvent(
-                session_id=session_id, kind="automatic_turn", reason=result.reason, turn=result.outcome
-            ))
+            emit(
+                self.on_event,
+                SessionEvent(
+                    session_id=session_id, kind="automatic_turn", reason=result.reason, turn=result.outcome
+                ),
+            )
         elif result.reason in STALLED_REASONS:
             emit(self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason=result.reason))
         if result.outcome is None or result.outcome.succeeded:
             return
         control = self.journal.control(session_id)
         if control.awaiting_user:
-            emit(self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason="retries_exhausted"))
+            emit(
+                self.on_event, SessionEvent(session_id=session_id, kind="stalled", reason="retries_exhausted")
+            )
         elif self._tg is not None:
             self._tg.start_soon(self._retry_later, session_id, self.retry_delay(control.model_failures))
 

@@ -50,7 +50,11 @@ class EndRecorder:
         return await self.journal.update(task_id, core.request_cancel)
 
     async def record_end(
-        self, task_id: str, status: core.ExitStatus | None, returncode: int | None, *,
+        self,
+        task_id: str,
+        status: core.ExitStatus | None,
+        returncode: int | None,
+        *,
         fault: str | None = None,
     ) -> TaskRecord:
         task = await self.pick_up_cancel(task_id)
@@ -58,7 +62,9 @@ class EndRecorder:
             outcome = core.recorded_end(task, status)
         elif returncode is not None:
             outcome = core.classify_exit(
-                returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested,
+                returncode,
+                cancel_requested=task.cancel_requested,
+                stop_requested=task.stop_requested,
                 timed_out=processes.timed_out_error(task) if task.timed_out else None,
             )
         else:
@@ -82,7 +88,10 @@ class EndRecorder:
         return await self.journal.update(
             task_id,
             lambda t: core.terminate(
-                t, outcome, now=self.clock(), output_bytes=max(t.output_bytes, total),
+                t,
+                outcome,
+                now=self.clock(),
+                output_bytes=max(t.output_bytes, total),
                 # Without the wrapper's record, whatever was printed unobserved is unknown.
                 output_truncated=truncated or not exact,
             ),

@@ -207,7 +207,11 @@ class TaskJournal:
 
         await self._task_records.update(task_ids, drop)
         for task in tasks:
-            for rel in (task.output_path, self.exit_status_path(task.task_id), self.cancel_request_path(task.task_id)):
+            for rel in (
+                task.output_path,
+                self.exit_status_path(task.task_id),
+                self.cancel_request_path(task.task_id),
+            ):
                 if self.root.exists(rel):
                     self.root.remove(rel, sync_dir=False)
         if tasks and self.root.exists(OUTPUT_DIR):
@@ -247,11 +251,17 @@ class TaskJournal:
         """
         own = {
             self.root.path(rel)
-            for rel in (self.output_path(task_id), self.exit_status_path(task_id), self.cancel_request_path(task_id))
+            for rel in (
+                self.output_path(task_id),
+                self.exit_status_path(task_id),
+                self.cancel_request_path(task_id),
+            )
         }
         if exc.path not in own or exc.rule == "missing":
             return None
-        name = {".out": "output", ".exit": "exit status"}.get(exc.path[exc.path.rfind("."):], "cancel request")
+        name = {".out": "output", ".exit": "exit status"}.get(
+            exc.path[exc.path.rfind(".") :], "cancel request"
+        )
         return f"its {name} file was changed from outside the journal ({exc.rule}) and is not trusted"
 
     def read_output_tail(self, task: TaskRecord, max_bytes: int) -> OutputExcerpt:
@@ -290,8 +300,13 @@ class TaskJournal:
             handle = self.root.open_file(task.output_path)
         except UnsafeStateError as exc:
             gone = self._no_output(task, exc)
-            return OutputChunk(text="", offset=offset, next_offset=offset, total_bytes=gone.total_bytes,
-                               unavailable=gone.unavailable)
+            return OutputChunk(
+                text="",
+                offset=offset,
+                next_offset=offset,
+                total_bytes=gone.total_bytes,
+                unavailable=gone.unavailable,
+            )
         try:
             size = self.root.disk.fstat(handle.fd).st_size
             restarted = offset > size
@@ -300,24 +315,37 @@ class TaskJournal:
             self.root.check_identity(handle)
         except UnsafeStateError as exc:
             gone = self._no_output(task, exc)
-            return OutputChunk(text="", offset=offset, next_offset=offset, total_bytes=gone.total_bytes,
-                               unavailable=gone.unavailable)
+            return OutputChunk(
+                text="",
+                offset=offset,
+                next_offset=offset,
+                total_bytes=gone.total_bytes,
+                unavailable=gone.unavailable,
+            )
         finally:
             self.root.close(handle)
         # A multi-byte character cut at the end is left for the next read.
         cut = _incomplete_tail(data) if task.state == "running" or len(data) == max_bytes else 0
         text = data[: len(data) - cut].decode("utf-8", errors="replace")
         return OutputChunk(
-            text=text, offset=start, next_offset=start + len(data) - cut,
-            total_bytes=max(task.output_bytes, size), restarted=restarted,
+            text=text,
+            offset=start,
+            next_offset=start + len(data) - cut,
+            total_bytes=max(task.output_bytes, size),
+            restarted=restarted,
         )
 
     def _no_output(self, task: TaskRecord, exc: UnsafeStateError) -> OutputExcerpt:
         fault = self.task_file_fault(task.task_id, exc)
         if exc.rule != "missing" and fault is None:
             raise exc
-        return OutputExcerpt(text="", excerpt_bytes=0, total_bytes=task.output_bytes,
-                             truncated=task.output_bytes > 0, unavailable=fault)
+        return OutputExcerpt(
+            text="",
+            excerpt_bytes=0,
+            total_bytes=task.output_bytes,
+            truncated=task.output_bytes > 0,
+            unavailable=fault,
+        )
 
     def __repr__(self) -> str:
         return f"<TaskJournal tasks={len(self._task_records)} sessions={len(self.sessions())}>"

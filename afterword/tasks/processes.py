@@ -188,7 +188,9 @@ def recorded_end(task: TaskRecord, status: ExitStatus) -> Outcome:
     if status.spawn_error is not None or status.returncode is None:
         return spawn_failure(status.spawn_error or "the command did not start")
     return classify_exit(
-        status.returncode, cancel_requested=task.cancel_requested, stop_requested=task.stop_requested,
+        status.returncode,
+        cancel_requested=task.cancel_requested,
+        stop_requested=task.stop_requested,
         timed_out=timed_out_error(task) if task.timed_out else None,
     )
 
@@ -233,7 +235,11 @@ def _unaccounted(task: TaskRecord, reason: str) -> Outcome:
 
 
 def terminate(
-    task: TaskRecord, outcome: Outcome, *, now: float, output_bytes: int | None = None,
+    task: TaskRecord,
+    outcome: Outcome,
+    *,
+    now: float,
+    output_bytes: int | None = None,
     output_truncated: bool | None = None,
 ) -> TaskRecord:
     """Record the terminal state and its stable event id (invariant 1)."""

@@ -102,18 +102,37 @@ class TaskRuntime:
         notifications = TaskNotifications(journal, history, clock=clock)
         processor = ToolCallProcessor(journal, history, clock=clock)
         runner = TurnRunner(
-            history, journal, notifications, model_step, clock=clock, max_model_failures=max_model_failures,
+            history,
+            journal,
+            notifications,
+            model_step,
+            clock=clock,
+            max_model_failures=max_model_failures,
             context_limit=context_limit,
         )
         coordinator = ExecutionCoordinator(
-            journal, notifications, runner, processor=processor, clock=clock, on_event=on_event,
-            max_tool_rounds=max_tool_rounds, retry_delay=retry_delay, coalesce_window=coalesce_window,
+            journal,
+            notifications,
+            runner,
+            processor=processor,
+            clock=clock,
+            on_event=on_event,
+            max_tool_rounds=max_tool_rounds,
+            retry_delay=retry_delay,
+            coalesce_window=coalesce_window,
         )
-        supervisor = ProcessSupervisor(journal, clock=clock, on_exit=on_exit, max_output_bytes=max_output_bytes)
+        supervisor = ProcessSupervisor(
+            journal, clock=clock, on_exit=on_exit, max_output_bytes=max_output_bytes
+        )
         async with supervisor:  # step 1
             runtime = cls(
-                journal=journal, history=history, supervisor=supervisor, processor=processor,
-                notifications=notifications, runner=runner, compaction=Compaction(journal, history, runner=runner),
+                journal=journal,
+                history=history,
+                supervisor=supervisor,
+                processor=processor,
+                notifications=notifications,
+                runner=runner,
+                compaction=Compaction(journal, history, runner=runner),
                 coordinator=coordinator,
             )
             if make_tools is not None:
@@ -143,7 +162,9 @@ class TaskRuntime:
         The cursor lives in this runtime: after a restart the first read starts from the
         beginning. Pass offsets to :meth:`TaskJournal.read_output` to keep your own.
         """
-        chunk = self.journal.read_output(self.journal.require(task_id), self._cursors.get(task_id, 0), max_bytes)
+        chunk = self.journal.read_output(
+            self.journal.require(task_id), self._cursors.get(task_id, 0), max_bytes
+        )
         self._cursors[task_id] = chunk.next_offset
         return chunk
 
@@ -152,8 +173,15 @@ class TaskRuntime:
         return await self.supervisor.cancel(task_id)
 
     async def start_task(
-        self, session_id: str, call: ToolCall, command: Sequence[str], *, notify: NotifyPolicy = "on_exit",
-        cwd: str | None = None, env: Mapping[str, str] | None = None, timeout: float | None = None,
+        self,
+        session_id: str,
+        call: ToolCall,
+        command: Sequence[str],
+        *,
+        notify: NotifyPolicy = "on_exit",
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> TaskRecord:
         """Start a background command on behalf of tool call ``call`` (from a tool executor).
 

@@ -114,8 +114,13 @@ class ProcessSupervisor:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._ends = EndRecorder(journal, clock=clock, max_output_bytes=max_output_bytes)
         self._adoption = Adoption(
-            journal, self._ends, group=self._group, on_adopted=self._arm_timeout, clock=clock,
-            kill_grace=kill_grace, poll_interval=poll_interval,
+            journal,
+            self._ends,
+            group=self._group,
+            on_adopted=self._arm_timeout,
+            clock=clock,
+            kill_grace=kill_grace,
+            poll_interval=poll_interval,
         )
         self._ended: dict[str, anyio.Event] = {}
         self._unsubscribe = journal.subscribe(self._on_change)
@@ -312,4 +317,3 @@ class ProcessSupervisor:
 
     def __repr__(self) -> str:
         return f"<ProcessSupervisor watching={len(self._procs)} adopted={len(self._adoption.watching())}>"
-

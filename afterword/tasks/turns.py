@@ -177,15 +177,22 @@ class TurnRunner:
             await self.hook.failed(seen, error)
             await self._finished(session_id, error)
             return TurnOutcome(
-                session_id=session_id, succeeded=False, seen=tuple(seen), delivered=tuple(delivered),
+                session_id=session_id,
+                succeeded=False,
+                seen=tuple(seen),
+                delivered=tuple(delivered),
                 error=error,
             )
         consumed = [t.task_id for t in await self.hook.succeeded(seen)] if consume else []
         await self._finished(session_id, None)
         delivered += [t.task_id for t in await self.notifications.deliver(session_id)]
         return TurnOutcome(
-            session_id=session_id, succeeded=True, replies=replies, seen=tuple(seen),
-            consumed=tuple(consumed), delivered=tuple(delivered),
+            session_id=session_id,
+            succeeded=True,
+            replies=replies,
+            seen=tuple(seen),
+            consumed=tuple(consumed),
+            delivered=tuple(delivered),
         )
 
     async def _finished(self, session_id: str, error: str | None) -> None:

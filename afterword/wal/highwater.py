@@ -69,7 +69,9 @@ def decode_mark(data: bytes, offset: int) -> Mark | None:
 def read_mark(data: bytes, path: str, file_id: bytes) -> Mark:
     """The current mark of a ``HIGHWATER`` file's bytes, checked against the MANIFEST's id."""
     if len(data) != HIGHWATER_SIZE:
-        raise WalEvidenceError(path, "high_water_damaged", f"{len(data)} bytes, the file has {HIGHWATER_SIZE}")
+        raise WalEvidenceError(
+            path, "high_water_damaged", f"{len(data)} bytes, the file has {HIGHWATER_SIZE}"
+        )
     marks = [m for m in (decode_mark(data, off) for off in SLOT_OFFSETS) if m is not None]
     if not marks:
         raise WalEvidenceError(path, "high_water_damaged", "neither slot holds a whole mark")
@@ -122,7 +124,9 @@ class HighWater:
         """Open the ``HIGHWATER`` the MANIFEST names (``high_water_missing`` if gone)."""
         if not root.exists(HIGHWATER):
             raise WalEvidenceError(
-                root.path(HIGHWATER), "high_water_missing", "the MANIFEST names it; it records the acknowledged lsn"
+                root.path(HIGHWATER),
+                "high_water_missing",
+                "the MANIFEST names it; it records the acknowledged lsn",
             )
         handle = root.open_file(HIGHWATER, writable=True)
         try:

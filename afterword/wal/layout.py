@@ -134,7 +134,9 @@ def is_end_marker(data: bytes | memoryview, offset: int) -> bool:
     return bool(_U64.unpack_from(data, offset)[0] == 0)
 
 
-def read_spans(data: bytes, offset: int, salt: int, expect: int, max_payload: int, spans: array[int]) -> tuple[int, int]:
+def read_spans(
+    data: bytes, offset: int, salt: int, expect: int, max_payload: int, spans: array[int]
+) -> tuple[int, int]:
     """Append to ``spans`` the payload span ``(start, end)`` in ``data`` of each frame at
     ``offset`` on whose lsns continue from ``expect``; return where the run stopped and the
     next expected lsn. Nothing is copied out of ``data`` and no object is made per frame:

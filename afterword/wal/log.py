@@ -316,4 +316,3 @@ class WriteAheadLog:
             f"<WriteAheadLog next_lsn={self.next_lsn} segments={self.log_bytes // self.options.segment_size} "
             f"commits={self.stats.commits} fsyncs={self.stats.fsyncs}>"
         )
-

@@ -111,7 +111,9 @@ class LogFrames(Sequence[Frame]):
         offset = start - FRAME_HEADER_SIZE
         batch_start = int.from_bytes(run.data[offset + 16 : offset + 24], "little")
         at = offset + run.shift
-        return Frame(at, self.first_lsn + index, batch_start, bytes(run.data[start:end]), at + frame_size(end - start))
+        return Frame(
+            at, self.first_lsn + index, batch_start, bytes(run.data[start:end]), at + frame_size(end - start)
+        )
 
     @overload
     def __getitem__(self, index: int) -> Frame: ...

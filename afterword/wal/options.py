@@ -38,7 +38,9 @@ class WalOptions:
         if self.segment_size < SEGMENT_HEADER_SIZE + 2 * frame_size(self.max_payload) + SHADOW_OVERHEAD:
             # Every write carries a shadow copy of itself (``shadow.py``), so that damage to
             # the last write is repaired from the copy instead of being cut as a torn write.
-            raise ValueError("segment_size must hold the segment header and the largest frame twice (frame + shadow)")
+            raise ValueError(
+                "segment_size must hold the segment header and the largest frame twice (frame + shadow)"
+            )
         if self.segment_size % 8:
             raise ValueError("segment_size must be a multiple of 8")
 
@@ -62,4 +64,3 @@ class WalStatistics:
                 self.fsync_buckets[i] += 1
                 return
         self.fsync_buckets[-1] += 1
-

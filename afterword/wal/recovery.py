@@ -49,7 +49,9 @@ def recover(
         images.append(SegmentImage(slot, root.pread(handle, size, 0)))
     wal_path = root.path(rel_dir)
     check_named(named, images, start_seq=start_seq, wal_path=wal_path)
-    plan = scan_chain(images, start_seq=start_seq, checkpoint_lsn=checkpoint_lsn, max_payload=segments.options.max_payload)
+    plan = scan_chain(
+        images, start_seq=start_seq, checkpoint_lsn=checkpoint_lsn, max_payload=segments.options.max_payload
+    )
     check_acked(plan.next_lsn, acked_lsn, wal_path)
     if high_water is not None:
         check_mark(high_water.mark, plan.frames, plan.next_lsn, high_water.handle.path)

@@ -245,9 +245,15 @@ def check_named(
         if image is None:
             raise WalEvidenceError(path, "segment_missing", f"MANIFEST names segment seq {ref.seq}")
         if len(image.data) != ref.size:
-            raise WalEvidenceError(path, "segment_short", f"{len(image.data)} bytes, the segment had {ref.size}")
+            raise WalEvidenceError(
+                path, "segment_short", f"{len(image.data)} bytes, the segment had {ref.size}"
+            )
         header = decode_segment_header(image.data)
-        if header is None or (header.seq, header.salt, header.first_lsn) != (ref.seq, ref.salt, ref.first_lsn):
+        if header is None or (header.seq, header.salt, header.first_lsn) != (
+            ref.seq,
+            ref.salt,
+            ref.first_lsn,
+        ):
             raise WalEvidenceError(
                 path, "segment_replaced", f"header is not segment seq {ref.seq} named by MANIFEST"
             )

@@ -34,7 +34,6 @@ class _Segment:
     named: bool = False  # header durable, so a MANIFEST may name this life
 
 
-
 class SegmentLog:
     """The segment slots of a log in ``<root>/<rel_dir>`` and the synchronous batch write."""
 
@@ -346,7 +345,6 @@ class SegmentLog:
         self.stats.bytes_written += len(data)
         parts.clear()
 
-
     def retire_before(self, start_seq: int) -> None:
         with self._write_lock:  # a group write may be choosing segments in its thread
             self._retire_before(start_seq)
@@ -369,4 +367,3 @@ class SegmentLog:
         self._segments.clear()
         if self.high_water is not None:
             self.high_water.close()
-

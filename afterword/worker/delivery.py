@@ -108,7 +108,10 @@ class Delivery(Steps):
                         await self.record_chunk(cid, chunk_receipt.delivery_id)
         except anyio.get_cancelled_exc_class():
             await self.shielded(
-                cid, lambda r: lifecycle.delivery_unknown(r, "delivery_interrupted", "worker stopped mid-post", now())
+                cid,
+                lambda r: lifecycle.delivery_unknown(
+                    r, "delivery_interrupted", "worker stopped mid-post", now()
+                ),
             )
             raise
         except (RetryableDeliveryError, PermanentDeliveryError) as exc:
@@ -140,7 +143,9 @@ class Delivery(Steps):
         except TimeoutError:
             await self.transition(
                 cid,
-                lambda r: lifecycle.delivery_unknown(r, "delivery_timeout", "channel did not answer in time", now()),
+                lambda r: lifecycle.delivery_unknown(
+                    r, "delivery_timeout", "channel did not answer in time", now()
+                ),
             )
             return
         except DiskError:
@@ -153,7 +158,9 @@ class Delivery(Steps):
             if receipts:  # the chunks already confirmed stay on the record, as for any partial post
                 await self.partial(cid, receipts, reason)
                 return
-            await self.transition(cid, lambda r: lifecycle.delivery_unknown(r, "delivery_error", reason, now()))
+            await self.transition(
+                cid, lambda r: lifecycle.delivery_unknown(r, "delivery_error", reason, now())
+            )
             return
         await self.confirmed(cid, rec, receipts, timeout)
 
@@ -165,7 +172,9 @@ class Delivery(Steps):
         found = self.routes.channel(rec.claim.reply_to)
         return found is not None and answer_starts_delivery(rec, channel_reconciles=can_reconcile(found[0]))
 
-    async def confirmed(self, cid: str, rec: Continuation, receipts: list[ChunkReceipt], timeout: float) -> None:
+    async def confirmed(
+        self, cid: str, rec: Continuation, receipts: list[ChunkReceipt], timeout: float
+    ) -> None:
         """Every chunk is confirmed: from here the outcome is "delivered" whatever the history
         append does, so a hung append is bounded and an interrupted one still records it."""
         now = self.now
@@ -284,7 +293,9 @@ class Delivery(Steps):
             recorded, code = await self.record_history(rec)
             new = await self.transition(
                 rec.id,
-                lambda r: lifecycle.with_history(lifecycle.reconcile(r, ids, channel_id, now()), recorded, code, now()),
+                lambda r: lifecycle.with_history(
+                    lifecycle.reconcile(r, ids, channel_id, now()), recorded, code, now()
+                ),
             )
         else:
             new = await self.transition(rec.id, lambda r: lifecycle.reconcile(r, ids, channel_id, now()))

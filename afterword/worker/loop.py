@@ -234,4 +234,3 @@ class Worker(Steps):
     async def _park(self, cid: str, reason: str) -> None:
         now = self.now()
         await self.shielded(cid, lambda r: lifecycle.end_after_fault(r, "internal_error", reason, now))
-

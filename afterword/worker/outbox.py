@@ -173,7 +173,9 @@ class OutboxFile:
             except OSError as exc:
                 self._failed = exc
                 # Every append of those keys shares the outcome (a key posted twice at once too).
-                _fail_all((e for e in batch if e.key in keys), OutboxUnsynced(exc.strerror or type(exc).__name__))
+                _fail_all(
+                    (e for e in batch if e.key in keys), OutboxUnsynced(exc.strerror or type(exc).__name__)
+                )
                 return
             elapsed = time.perf_counter() - began  # a failed sync needs no estimate: no more writes
             recent = self.recent_write_s

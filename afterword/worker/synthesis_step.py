@@ -82,7 +82,11 @@ class Synthesis(Steps):
             # The same caps as an origin snapshot (64 messages, 64 KiB each, 256 KiB in all;
             # whole oldest turns dropped): the detached context is bounded in bytes too.
             bounded = newest_whole_turns(
-                [SnapshotMessage(role=m.role, content=m.content) for m in latest if m.role in ("user", "assistant")]
+                [
+                    SnapshotMessage(role=m.role, content=m.content)
+                    for m in latest
+                    if m.role in ("user", "assistant")
+                ]
             )
             return context_messages(bounded)
         raise Fallback(rec.origin_context)
@@ -133,7 +137,9 @@ class Synthesis(Steps):
             return False
         except Fallback as why:
             log.info("continuation %s: origin context unavailable (%s); fixed answer", cid, why)
-            await self.transition(cid, lambda r: lifecycle.prepare_without_model(r, "origin_context_unavailable", now()))
+            await self.transition(
+                cid, lambda r: lifecycle.prepare_without_model(r, "origin_context_unavailable", now())
+            )
             return True
         plan = synthesis_plan(is_local(self.synthesizer))
         if plan.start is not None:
@@ -153,7 +159,8 @@ class Synthesis(Steps):
         except anyio.get_cancelled_exc_class():
             if plan.interrupted is not None:
                 await self.shielded(
-                    cid, lambda r: lifecycle.fail_synthesis(r, "synthesis_interrupted", "worker stopped", now())
+                    cid,
+                    lambda r: lifecycle.fail_synthesis(r, "synthesis_interrupted", "worker stopped", now()),
                 )
             raise
         except TimeoutError:

@@ -80,7 +80,7 @@ DETACHED_INSTRUCTIONS = (
 # (docs/tasks-bridge.md): the answer must say the work failed, not report it as a result.
 TASK_FAILED_KEY = "taskFailed"
 TASK_FAILED_NOTE = (
-    " This result says the task FAILED (\"taskFailed\": true): tell the user plainly that the "
+    ' This result says the task FAILED ("taskFailed": true): tell the user plainly that the '
     "work failed and, if the result gives one, why; do not present it as a successful result."
 )
 

@@ -177,9 +177,7 @@ class TaskFollower:
     def next_due_ms(self) -> int | None:
         now = self.clock_ms()
         due = [
-            f.due_ms
-            for cid, f in self.follows.items()
-            if cid not in self.in_flight and self._wanted(f, now)
+            f.due_ms for cid, f in self.follows.items() if cid not in self.in_flight and self._wanted(f, now)
         ]
         return min(due) if due else None
 
@@ -268,7 +266,10 @@ class TaskFollower:
             return
         if isinstance(answer, TooLarge):
             await self._report(
-                follow, TaskOutcome(status="too_large", message=f"the task's answer is longer than {answer.limit} bytes")
+                follow,
+                TaskOutcome(
+                    status="too_large", message=f"the task's answer is longer than {answer.limit} bytes"
+                ),
             )
             return
         follow.failed_polls = follow.errors = 0

@@ -24,7 +24,9 @@ from bench import compare, issue20
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _store_row(system: str, setting: str, kind: str, c: int | None, ops: float, seconds: float = 1.0) -> compare.Row:
+def _store_row(
+    system: str, setting: str, kind: str, c: int | None, ops: float, seconds: float = 1.0
+) -> compare.Row:
     unit = {"commit": "commits/s", "open": "records/s", "replay": "transactions/s"}[kind]
     return compare.Row(system, setting, kind, c, unit, ops, seconds, [ops])
 
@@ -40,7 +42,9 @@ def synthetic_store() -> list[compare.Row]:
         _store_row("sqlite", "open 10k+50k", "open", None, 60_000.0, seconds=0.1),
         _store_row("afterword-store", "open 10k+50k, serve's reads", "open", None, 2.0, seconds=0.3),
         _store_row("sqlite", "open 10k+50k, serve's reads", "open", None, 3.0, seconds=0.2),
-        _store_row("afterword-store", "open 10k+50k, serve's reads, no summaries", "open", None, 1.0, seconds=9),
+        _store_row(
+            "afterword-store", "open 10k+50k, serve's reads, no summaries", "open", None, 1.0, seconds=9
+        ),
         _store_row("afterword-store", "replay 64 MiB log", "replay", None, 200_000.0),
     ]
     compare._ratios(rows)
@@ -49,7 +53,9 @@ def synthetic_store() -> list[compare.Row]:
     return rows
 
 
-def _fig(scenario: str, producers: int, rate: float, cpu: float | None, p50: float | None = None) -> dict[str, Any]:
+def _fig(
+    scenario: str, producers: int, rate: float, cpu: float | None, p50: float | None = None
+) -> dict[str, Any]:
     return {
         "scenario": scenario,
         "producers": producers,
@@ -75,7 +81,13 @@ def synthetic_e2e() -> dict[str, Any]:
     return {
         "runs": runs,
         "dbos": _fig("dbos (64 in flight)", 64, 20.0, None),
-        "rss": {"active": 10_000, "tombstones": 50_000, "empty_rss_mib": 50.0, "rss_mib": 200.0, "open_seconds": 1.0},
+        "rss": {
+            "active": 10_000,
+            "tombstones": 50_000,
+            "empty_rss_mib": 50.0,
+            "rss_mib": 200.0,
+            "open_seconds": 1.0,
+        },
         "errors": {},
     }
 
@@ -111,7 +123,9 @@ def test_ratios_pair_the_samples_of_each_repetition() -> None:
     # The machine got twice as fast between repetitions: each pair says 0.5x, while the
     # medians of the two cases (taken from different repetitions) would say otherwise.
     ours = compare.Row("afterword-wal", "c=1", "commit", 1, "commits/s", 0.0, 1.0, [100.0, 200.0, 400.0])
-    limit = compare.Row("limit", compare.LIMIT_PREALLOC, "commit", 1, "commits/s", 0.0, 1.0, [200.0, 400.0, 800.0])
+    limit = compare.Row(
+        "limit", compare.LIMIT_PREALLOC, "commit", 1, "commits/s", 0.0, 1.0, [200.0, 400.0, 800.0]
+    )
     assert issue20.paired(ours, limit) == pytest.approx(0.5)
     assert issue20.paired(None, limit) is None
 

@@ -44,7 +44,11 @@ def test_a_bad_value_still_names_its_json_path(tmp_path: Path, capsys: pytest.Ca
     ("document", "path", "suggestion"),
     [
         ({"continuations": {"prot": 4320}}, "continuations.prot", "port"),
-        ({"continuations": {"limits": {"runLeaseMS": 5000}}}, "continuations.limits.runLeaseMS", "runLeaseMs"),
+        (
+            {"continuations": {"limits": {"runLeaseMS": 5000}}},
+            "continuations.limits.runLeaseMS",
+            "runLeaseMs",
+        ),
         (
             {"continuations": {"namedRoutes": {"r": {"conversationID": "x"}}}},
             "continuations.namedRoutes.r.conversationID",
@@ -54,7 +58,11 @@ def test_a_bad_value_still_names_its_json_path(tmp_path: Path, capsys: pytest.Ca
     ],
 )
 def test_an_unknown_key_close_to_a_known_one_gets_a_did_you_mean(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], document: dict[str, object], path: str, suggestion: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    document: dict[str, object],
+    path: str,
+    suggestion: str,
 ) -> None:
     config = tmp_path / "afterword.json"
     config.write_text(json.dumps(document), encoding="utf-8")
@@ -64,7 +72,9 @@ def test_an_unknown_key_close_to_a_known_one_gets_a_did_you_mean(
     assert len(err.splitlines()) == 1
 
 
-def test_an_unknown_key_like_no_known_one_gets_no_guess(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_key_like_no_known_one_gets_no_guess(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "afterword.json"
     config.write_text('{"continuations": {"zzzzzz": 1}}', encoding="utf-8")
     assert main(["continuations", "list", "--config", str(config)]) == 2
@@ -95,7 +105,9 @@ def test_serve_refusing_a_loose_state_dir_says_the_fix_doctor_knows(tmp_path: Pa
     state.chmod(0o755)  # whatever the umask
     config = tmp_path / "afterword.json"
     config.write_text(json.dumps({"continuations": {"port": 4399, "stateDir": "state"}}), encoding="utf-8")
-    done = subprocess.run([*CLI, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60, env=env())
+    done = subprocess.run(
+        [*CLI, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60, env=env()
+    )
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     fix = fix_for("permissive_mode")
     assert fix is not None and "chmod 0700" in fix

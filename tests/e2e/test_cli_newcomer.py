@@ -60,7 +60,11 @@ def test_python_m_afterword_from_the_clones_parent_directory(tmp_path: Path) -> 
     parent), ``python -m afterword`` still runs the installed package, not the folder."""
     (tmp_path / "afterword" / "docs").mkdir(parents=True)  # a folder without __init__.py
     done = subprocess.run(
-        [sys.executable, "-m", "afterword", "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "afterword", "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"afterword {__version__}"
@@ -230,7 +234,11 @@ def test_both_token_commands_take_the_file_as_file_option() -> None:
     ],
 )
 def test_list_filters_are_refused_by_argument_parsing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    said: str,
 ) -> None:
     """Exit 2 with the usage line, before any state is read or the service is asked."""
     from afterword.cli.main import main
@@ -330,7 +338,12 @@ def test_list_marks_an_acknowledged_record(capsys: pytest.CaptureFixture[str]) -
             acknowledged_at=acknowledged_at,
         )
 
-    print_page(ListResponse(items=[item("c_seen", "2026-12-01T00:00:02.000Z"), item("c_new", None)], next_cursor=None), None)
+    print_page(
+        ListResponse(
+            items=[item("c_seen", "2026-12-01T00:00:02.000Z"), item("c_new", None)], next_cursor=None
+        ),
+        None,
+    )
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "dead_lettered (acknowledged)" in rows["c_seen"]
     assert "acknowledged" not in rows["c_new"]

@@ -150,10 +150,14 @@ def test_health_exit_codes_and_operator_verbs(tmp_path: Path, hook: FakeWebhook)
 
 
 @pytest.mark.slow
-def test_pagination_walks_every_record_once_in_text_and_json_and_keeps_filters(tmp_path: Path, hook: FakeWebhook) -> None:
+def test_pagination_walks_every_record_once_in_text_and_json_and_keeps_filters(
+    tmp_path: Path, hook: FakeWebhook
+) -> None:
     config = write_operator_config(tmp_path, hook.url)
     with served(config) as server:
-        ids = {server.claim("quiet", f"page-{i:03d}")["continuationId"] for i in range(25)}  # 3 pages of 10: the size proves nothing more
+        ids = {
+            server.claim("quiet", f"page-{i:03d}")["continuationId"] for i in range(25)
+        }  # 3 pages of 10: the size proves nothing more
         seen: list[str] = []
         done = run_cli("continuations", "list", "--limit", "10", config=config)
         pages = 0

@@ -51,7 +51,9 @@ def test_python_block_runs(
     # A block shows a refusal by catching it and printing "refused: ..." (or "failed: ...");
     # each such print must have run, so an example cannot pass by not raising.
     shown = len(re.findall(r'print\(f?"(?:refused|failed)', PYTHON[index]))
-    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("refused", "failed"))]
+    printed = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith(("refused", "failed"))
+    ]
     assert len(printed) >= shown, printed
 
 

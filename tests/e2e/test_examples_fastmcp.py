@@ -43,7 +43,14 @@ async def test_fastmcp_server_over_stdio_claims_during_the_call(tmp_path: Path) 
         recorder = Recorder(service)
         with (tmp_path / "server.log").open("w") as errlog:
             cid, rec = await one_run(
-                service, config, recorder, run_id="run-1", reply_to="local:chat-1", job="reindex", errlog=errlog, routing={}
+                service,
+                config,
+                recorder,
+                run_id="run-1",
+                reply_to="local:chat-1",
+                job="reindex",
+                errlog=errlog,
+                routing={},
             )
         check_delivery(config, cid, rec, "local:chat-1", "reindex")
     assert {line["conversationId"] for line in outbox_lines(config)} == {"local:chat-1"}
@@ -66,7 +73,9 @@ def fastmcp_http() -> Iterator[str]:
 
 
 @pytest.mark.anyio
-async def test_fastmcp_server_over_loopback_http_claims_per_request(tmp_path: Path, fastmcp_http: str) -> None:
+async def test_fastmcp_server_over_loopback_http_claims_per_request(
+    tmp_path: Path, fastmcp_http: str
+) -> None:
     servers = {"work-control": {"url": fastmcp_http, "headers": dict(COPIED_HEADERS)}}
     config = load(write_config(tmp_path, servers=servers))
     async with afterword.open_service(config, environ=ENV) as service:

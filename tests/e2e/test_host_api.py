@@ -222,7 +222,11 @@ async def test_open_runs_are_capped_and_slots_free_on_settlement_and_lapse(tmp_p
         # Abandoning frees a slot, and so does activating.
         assert (await api.post("/runs/r1/abandon")).status_code == 200
         await api.begin("r3")
-        assert_error(await api.post("/runs", {"runId": "r4", "conversationId": CONV, "replyTo": REPLY}), 429, "admission_limit")
+        assert_error(
+            await api.post("/runs", {"runId": "r4", "conversationId": CONV, "replyTo": REPLY}),
+            429,
+            "admission_limit",
+        )
         assert (await api.post("/runs/r2/activate")).status_code == 200
         await api.begin("r4")
         assert runs.open_count == 2
@@ -319,7 +323,11 @@ async def test_host_token_is_written_owner_only_and_never_printed(
         os.link(victim, hard)
         folder = tmp_path / "a-folder"
         folder.mkdir()
-        for path, why in ((link, "it is a symlink"), (hard, "other hard links"), (folder, "it is a directory")):
+        for path, why in (
+            (link, "it is a symlink"),
+            (hard, "other hard links"),
+            (folder, "it is a directory"),
+        ):
             code = cli_main(["continuations", "host-token", "--config", config, "--file", str(path)])
             assert code == 1
             err = capsys.readouterr().err
@@ -333,9 +341,14 @@ async def test_host_token_is_written_owner_only_and_never_printed(
 # -- the document ----------------------------------------------------------------------------
 async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None:
     # A loopback HTTP server besides the stdio one, after it in name order (claims use the first).
-    servers = {SERVER: {"command": "python3", "args": ["-c", "pass"]}, "zz-tasks": {"url": "http://127.0.0.1:9/mcp"}}
+    servers = {
+        SERVER: {"command": "python3", "args": ["-c", "pass"]},
+        "zz-tasks": {"url": "http://127.0.0.1:9/mcp"},
+    }
     limits = {"bodyTimeoutMs": 300, "maxOpenRuns": 1}
-    path = write_config(tmp_path, continuations={"limits": limits}, servers=servers, selected=[SERVER, "zz-tasks"])
+    path = write_config(
+        tmp_path, continuations={"limits": limits}, servers=servers, selected=[SERVER, "zz-tasks"]
+    )
     async with serving(tmp_path, config=afterword.load_config(path, environ=ENV)) as h:
         s = Seen(h)
         api = Api(h)
@@ -437,13 +450,18 @@ async def test_every_documented_host_status_is_reachable(tmp_path: Path) -> None
         assert s.pairs <= documented, sorted(s.pairs - documented)
 
 
-async def test_finalize_takes_a_history_larger_than_the_snapshot_and_only_finalize_does(tmp_path: Path) -> None:
+async def test_finalize_takes_a_history_larger_than_the_snapshot_and_only_finalize_does(
+    tmp_path: Path,
+) -> None:
     # 40 turns of ~16 KiB each: about 640 KiB of JSON, more than the 256 KiB a snapshot keeps.
     # The host may send it whole; size pressure drops the oldest turns, and every other route
     # keeps the app-wide cap.
     history: list[dict[str, str]] = []
     for i in range(40):
-        history += [{"role": "user", "content": f"q{i} " + "u" * 8000}, {"role": "assistant", "content": f"a{i} " + "a" * 8000}]
+        history += [
+            {"role": "user", "content": f"q{i} " + "u" * 8000},
+            {"role": "assistant", "content": f"a{i} " + "a" * 8000},
+        ]
     history += ORIGIN
     async with serving(tmp_path) as h:
         api = Api(h)

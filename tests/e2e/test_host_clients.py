@@ -143,6 +143,8 @@ def test_typescript_client_installs_into_another_project_without_a_prebuilt_dist
         timeout=300,
     )
     probe = 'import { HostClient, RESERVED_ENV } from "@afterword/host-client"; console.log(typeof HostClient, RESERVED_ENV.length)'
-    done = subprocess.run([node, "--input-type=module", "-e", probe], cwd=project, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [node, "--input-type=module", "-e", probe], cwd=project, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "function 4"

@@ -59,7 +59,9 @@ def test_an_answer_posted_twice_is_duplicated() -> None:
 
 def test_another_tasks_answer_is_misdelivered() -> None:
     report = _report(1)
-    judge_tasks(report, {"task-1": {"c1"}}, {"task-1": _delivered("c1")}, [_line("c1", "answer for task-7")], ())
+    judge_tasks(
+        report, {"task-1": {"c1"}}, {"task-1": _delivered("c1")}, [_line("c1", "answer for task-7")], ()
+    )
     assert not report.ok and report.misdelivered == 1
 
 
@@ -88,13 +90,21 @@ def test_a_forgotten_runs_fallback_answer_is_not_misdelivered() -> None:
 
 
 @pytest.mark.slow
-def test_tasks_finishing_while_afterword_is_down_starting_or_polling_are_answered_once(tmp_path: Path) -> None:
+def test_tasks_finishing_while_afterword_is_down_starting_or_polling_are_answered_once(
+    tmp_path: Path,
+) -> None:
     """Five SIGKILLs of a real ``afterword serve`` following a real Tasks server's tasks."""
     from tools.killtest.tasks import run_tasks_killtest
 
     report = run_tasks_killtest(kills=5, seed=7, workdir=str(tmp_path), interval=(0.3, 0.9))
     assert report.ok, report.problems
-    assert (report.kills, report.lost, report.duplicated, report.stuck, report.misdelivered) == (5, 0, 0, 0, 0)
+    assert (report.kills, report.lost, report.duplicated, report.stuck, report.misdelivered) == (
+        5,
+        0,
+        0,
+        0,
+        0,
+    )
     assert report.adopted >= 5 and report.continuations_per_task == {"1": report.adopted}
     # every adopted task ended: delivered once, or visibly (a dead letter with its cause)
     assert sum(report.outcomes.values()) == report.adopted

@@ -151,16 +151,22 @@ def test_the_sqlite_lock_is_taken_as_an_older_build_would_see_it(state_dir: str)
     populate(state_dir)
     owner_db = os.path.join(state_dir, "owner.db")
     with RecordStore.open(state_dir, options=SMALL):
-        out = subprocess.run([sys.executable, "-c", _SQLITE_TRY, owner_db], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", _SQLITE_TRY, owner_db], capture_output=True, text=True, timeout=60
+        )
         assert out.stdout.startswith("BUSY"), out.stdout + out.stderr
-    out = subprocess.run([sys.executable, "-c", _SQLITE_TRY, owner_db], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _SQLITE_TRY, owner_db], capture_output=True, text=True, timeout=60
+    )
     assert out.stdout.startswith("GOT IT"), out.stdout + out.stderr
 
 
 def test_an_older_builds_sqlite_lock_refuses_the_open(state_dir: str) -> None:
     populate(state_dir)
     owner_db = os.path.join(state_dir, "owner.db")
-    child = subprocess.Popen([sys.executable, "-c", _SQLITE_HOLD, owner_db], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SQLITE_HOLD, owner_db], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().startswith("READY")
         with pytest.raises(StoreLockedError, match="SQLite lock"):

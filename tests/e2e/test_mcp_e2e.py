@@ -249,7 +249,9 @@ async def test_a_task_host_changes_nothing_for_a_claiming_server_on_either_sdk_l
         recorder = Recorder(service)
         binding = service.begin_run("run-th", "local:th#2030-01-01", "local:th")
         async with connect_servers(binding, config, ["work-control"], tasks=tasks) as sessions:
-            result = await call_tool(sessions["work-control"], "start_job", {"job": "compact", "seconds": 0.2})
+            result = await call_tool(
+                sessions["work-control"], "start_job", {"job": "compact", "seconds": 0.2}
+            )
             assert text_of(result).startswith("accepted"), text_of(result)
             cid = continuation_id(text_of(result))
             await settle_run(binding, history("compact"))

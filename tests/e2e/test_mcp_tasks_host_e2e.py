@@ -348,7 +348,10 @@ async def test_an_answer_the_host_api_refuses_ends_as_a_protocol_error(tmp_path:
     ``protocol_error`` instead of falling silent, which would leave the record to wait out the
     host lease and end as ``task_host_gone``, blaming the wrong party."""
     servers = {SERVER: {"command": sys.executable, "args": args(tmp_path, SERVER)}}
-    async with hosting("http", tmp_path, servers=servers, selected=[SERVER]) as x, TaskHost(reporter(x)) as tasks:
+    async with (
+        hosting("http", tmp_path, servers=servers, selected=[SERVER]) as x,
+        TaskHost(reporter(x)) as tasks,
+    ):
         run = await x.begin()
         cid = (await run.adopt_task(SERVER, TaskHandle(task_id="t-deep", status="working"))).continuation_id
         deep: dict[str, Any] = {}
@@ -368,22 +371,33 @@ async def test_a_sidecar_killed_right_after_a_completed_report_answers_it_once(t
     """SIGKILL of ``afterword serve`` as soon as a completed report was answered: the result
     was durable before the answer, so the restarted service answers it, once; the host, which
     repeats its report (it cannot know the answer reached it in time), changes nothing."""
-    config_path = write_config(tmp_path, servers={SERVER: {"command": sys.executable, "args": ["-c", "pass"]}})
+    config_path = write_config(
+        tmp_path, servers={SERVER: {"command": sys.executable, "args": ["-c", "pass"]}}
+    )
     token_file = tmp_path / "host.token"
     server = Server(config_path)
     server.start()
     try:
-        assert cli_main(["continuations", "host-token", "--config", str(config_path), "--file", str(token_file)]) == 0
+        assert (
+            cli_main(["continuations", "host-token", "--config", str(config_path), "--file", str(token_file)])
+            == 0
+        )
         outbox = config_path.parent / "outbox.jsonl"
         async with HostClient(server.base, token_file.read_text()) as client:
             run = await client.begin_run("run-kill", CONV, REPLY)
-            cid = (await run.adopt_task(SERVER, TaskHandle(task_id="t-kill", status="working"))).continuation_id
+            cid = (
+                await run.adopt_task(SERVER, TaskHandle(task_id="t-kill", status="working"))
+            ).continuation_id
             await settle_run(run, ORIGIN)  # type: ignore[arg-type]
-            first = TaskOutcome(status="completed", result={"content": [{"type": "text", "text": "first answer"}]})
+            first = TaskOutcome(
+                status="completed", result={"content": [{"type": "text", "text": "first answer"}]}
+            )
             assert (await client.report_task_outcome(cid, first)).state != "claimed"
             server.stop(signal.SIGKILL)
             server.start()
-            second = TaskOutcome(status="completed", result={"content": [{"type": "text", "text": "second answer"}]})
+            second = TaskOutcome(
+                status="completed", result={"content": [{"type": "text", "text": "second answer"}]}
+            )
             again = await client.report_task_outcome(cid, second)
             assert again.state != "claimed" and again.cancel is False
             with anyio.fail_after(WAIT_S):

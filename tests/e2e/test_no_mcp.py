@@ -40,11 +40,14 @@ class _NoMcp:
 sys.meta_path.insert(0, _NoMcp())
 atexit.register(lambda: _tried and print("{ATTEMPT} " + ", ".join(_tried), file=sys.stderr))
 """
-CLI = BLOCKER + """
+CLI = (
+    BLOCKER
+    + """
 import runpy
 sys.argv = ["afterword", *sys.argv[1:]]
 runpy.run_module("afterword.cli", run_name="__main__", alter_sys=True)
 """
+)
 
 
 def without_mcp(code: str, *args: str) -> list[str]:
@@ -121,9 +124,7 @@ def test_importing_the_host_helpers_without_the_sdk_is_an_import_error_naming_th
     assert "afterword[mcp]" in done.stdout
 
 
-@pytest.mark.parametrize(
-    ("installed", "line"), [("2.3.0", 2), ("2.0.0rc1", 2), ("1.30.0", 1), ("1.24.0", 1)]
-)
+@pytest.mark.parametrize(("installed", "line"), [("2.3.0", 2), ("2.0.0rc1", 2), ("1.30.0", 1), ("1.24.0", 1)])
 def test_the_adapter_follows_the_installed_line(
     monkeypatch: pytest.MonkeyPatch, installed: str, line: int
 ) -> None:
@@ -180,7 +181,11 @@ def _sdk_imports(tree: ast.Module) -> list[str]:
 def test_only_the_sdk_adapters_import_the_mcp_sdk() -> None:
     # The host helpers' two lines, and the service's task follower (SDK 2.x only, imported by
     # worker/taskfollow.load_wire when a loopback HTTP continuation server is configured).
-    adapters = {"afterword/clients/_mcp_v1.py", "afterword/clients/_mcp_v2.py", "afterword/worker/taskwire.py"}
+    adapters = {
+        "afterword/clients/_mcp_v1.py",
+        "afterword/clients/_mcp_v2.py",
+        "afterword/worker/taskwire.py",
+    }
     importing = {
         str(path.relative_to(ROOT))
         for path in (ROOT / "afterword").rglob("*.py")

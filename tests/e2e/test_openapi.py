@@ -244,7 +244,9 @@ async def test_every_documented_status_is_reachable(tmp_path: Path) -> None:
         assert h.service.repo.get(cid) is None and h.service.repo.get(c2) is None
         for verb in ("retry", "cancel", "resolve"):
             extra = {"json": {"kind": "not_delivered"}} if verb == "resolve" else {}
-            answer = await s.send("post", f"/v1/operator/continuations/{cid}/{verb}", 410, headers=op, **extra)
+            answer = await s.send(
+                "post", f"/v1/operator/continuations/{cid}/{verb}", 410, headers=op, **extra
+            )
             assert answer.json()["error"]["code"] == "compacted"
         for method in ("put", "post"):
             await s.send(

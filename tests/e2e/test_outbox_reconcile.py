@@ -188,7 +188,9 @@ def test_sigkill_of_serve_mid_outbox_delivery_is_reconciled_after_restart(tmp_pa
 
 
 @pytest.mark.anyio
-async def test_a_reconciled_delivery_joins_the_history_before_it_is_committed_delivered(tmp_path: Path) -> None:
+async def test_a_reconciled_delivery_joins_the_history_before_it_is_committed_delivered(
+    tmp_path: Path,
+) -> None:
     """One commit, after the history append: a crash between the two can only leave the record
     in flight (reconciled again, the append being idempotent), never delivered without its
     answer in the history (found by the crash simulator's lifecycle-outbox workload)."""

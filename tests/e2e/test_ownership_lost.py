@@ -114,7 +114,9 @@ def test_a_clean_stop_notices_a_moved_directory_too(state_dir: str) -> None:
     assert os.path.isfile(state_dir)
 
 
-def test_service_stops_when_its_lock_file_is_removed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_service_stops_when_its_lock_file_is_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     tmp_path.chmod(0o700)
     config = load(write_config(tmp_path))
     options = StoreOptions(ownership_check_seconds=0.01)
@@ -156,7 +158,6 @@ def test_serve_refuses_a_second_host_and_the_first_exits_non_zero(tmp_path: Path
     # Nothing the first host acknowledged was lost.
     with served(config) as again:
         assert again.status(claim)["state"] == "claimed"
-
 
 
 def test_an_owner_that_cannot_look_counts_its_ownership_lost(state_dir: str) -> None:

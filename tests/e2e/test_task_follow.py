@@ -69,7 +69,9 @@ async def service_for(
         yield service
 
 
-async def adopt(service: ContinuationService, task_id: str, *, hint: int | None = None, ttl: int | None = None) -> str:
+async def adopt(
+    service: ContinuationService, task_id: str, *, hint: int | None = None, ttl: int | None = None
+) -> str:
     run = service.begin_run(f"run-{task_id}", CONV, REPLY)
     adopted = await run.adopt_task(
         WEB, TaskHandle(task_id=task_id, status="working", poll_interval_ms=hint, ttl_ms=ttl)
@@ -84,7 +86,9 @@ def record(service: ContinuationService, cid: str) -> Any:
     return service.repo.get(cid) or service.repo.tombstone(cid)
 
 
-async def until(service: ContinuationService, cid: str, done: Callable[[Any], bool], timeout: float = 20) -> Any:
+async def until(
+    service: ContinuationService, cid: str, done: Callable[[Any], bool], timeout: float = 20
+) -> Any:
     """Wait, on the service's change signal, until the record satisfies ``done``."""
     with anyio.fail_after(timeout):
         while not done(rec := record(service, cid)):
@@ -176,7 +180,9 @@ async def test_unreachable_until_the_deadline_expires_and_owes_a_cancel(tmp_path
         assert record(service, cid).state == "claimed"  # failures do not end it: the deadline does
         clock.offset_ms += 61_000
         service.work_available.set()
-        rec = await until(service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None)
+        rec = await until(
+            service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None
+        )
     assert book.cancels == [task_id] and rec.task.cancel_ok is True
 
 
@@ -189,7 +195,9 @@ async def test_a_server_that_never_listens_leaves_the_deadline_to_expire_it(tmp_
             cid = await adopt(service, "task-1", ttl=60_000)
             clock.offset_ms += 61_000
             service.work_available.set()
-            rec = await until(service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None)
+            rec = await until(
+                service, cid, lambda r: r.state == "expired" and r.task.cancel_sent_at_ms is not None
+            )
     assert rec.last_error is not None and rec.last_error.code == "expired"
     assert rec.task.cancel_ok is False and "ConnectError" in rec.task.cancel_detail
 
@@ -318,9 +326,12 @@ async def test_configured_headers_are_sent_and_never_logged(
     book.hostile = "malformed"
     clock = Frozen()
     caplog.set_level(logging.DEBUG)
-    async with serving(book) as url, service_for(
-        tmp_path, url, run_worker=False, clock=clock, headers={"Authorization": secret}
-    ) as service:
+    async with (
+        serving(book) as url,
+        service_for(
+            tmp_path, url, run_worker=False, clock=clock, headers={"Authorization": secret}
+        ) as service,
+    ):
         cid = await adopt(service, task_id)
         follower = stepped(service)
         follower.refresh()
@@ -380,7 +391,9 @@ async def test_afterword_serve_follows_a_task_a_remote_host_adopted(tmp_path: Pa
             with anyio.fail_after(30):
                 await book.polls(1)
                 book.complete(task_id, "served answer 7", {"answer": 7})
-                while not [x for x in outbox_lines(config) if x["deliveryKey"].startswith(adopted.continuation_id)]:
+                while not [
+                    x for x in outbox_lines(config) if x["deliveryKey"].startswith(adopted.continuation_id)
+                ]:
                     await anyio.sleep(0.05)  # another process: watched, not signalled
         finally:
             assert await anyio.to_thread.run_sync(served.stop) == 0

@@ -32,7 +32,11 @@ HOST = REPO / "tests" / "_task_crash_host.py"
 def run_host(state_dir: str, kill_at: int | str, sessions: int) -> tuple[int, list[str], str]:
     run = subprocess.run(
         [sys.executable, str(HOST), state_dir, str(kill_at), str(sessions)],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     labels = [line.split(" ", 2)[2] for line in run.stdout.splitlines() if line.startswith("W ")]
     return run.returncode, labels, run.stdout + run.stderr
@@ -77,7 +81,9 @@ def check(state_dir: str, sessions: int) -> dict[str, int]:
                         assert task.committed and task.tool_result_id in ids
                     counts["notified" if told else "reported" if task.terminal_reported else "quiet"] += 1
                     counts[f"state:{task.state}"] += 1
-                counts["stand_ins"] += sum(1 for m in messages if m.role == "tool" and "interrupted" in m.content)
+                counts["stand_ins"] += sum(
+                    1 for m in messages if m.role == "tool" and "interrupted" in m.content
+                )
 
     anyio.run(inspect)
     return dict(counts)
@@ -162,7 +168,9 @@ def test_many_sessions_at_once_and_a_crash_among_them(tmp_path: Path) -> None:
     counts = check(str(tmp_path / "state"), 12)
     assert counts["notified"] == 24 and counts["reported"] == 12
     _, crashed = crash_and_recover(tmp_path, 60, 6)
-    print(f"\n12 sessions: {len(labels)} writes in {time.monotonic() - started:.1f} s; after a crash: {crashed}")
+    print(
+        f"\n12 sessions: {len(labels)} writes in {time.monotonic() - started:.1f} s; after a crash: {crashed}"
+    )
 
 
 @pytest.mark.slow
@@ -177,4 +185,6 @@ def test_many_sessions_killed_at_spread_points(tmp_path: Path) -> None:
     points = range(7, len(labels) - len(labels) // 8, 11)
     for point in points:
         crash_and_recover(tmp_path, point, 4)
-    print(f"\n4 sessions: {len(points)} kill points of {len(labels)} writes in {time.monotonic() - started:.0f} s")
+    print(
+        f"\n4 sessions: {len(points)} kill points of {len(labels)} writes in {time.monotonic() - started:.0f} s"
+    )

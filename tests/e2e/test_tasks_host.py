@@ -43,7 +43,9 @@ class Model:
 
 def run_tool(rt: TaskRuntime, timeout: float | None = None):  # type: ignore[no-untyped-def]
     async def execute(session_id: str, call: ToolCall) -> ToolResult:
-        task = await rt.start_task(session_id, call, ["sh", "-c", json.loads(call.arguments)], timeout=timeout)
+        task = await rt.start_task(
+            session_id, call, ["sh", "-c", json.loads(call.arguments)], timeout=timeout
+        )
         return ToolResult(content=f"started {task.task_id}")
 
     return execute
@@ -104,7 +106,9 @@ async def test_cancel_from_the_runtime_and_from_the_cli(state_dir: str) -> None:
             (from_cli,) = rt.journal.tasks("b")
             assert (await rt.cancel_task(in_host.task_id)).state == "cancelled"
             out, err = io.StringIO(), io.StringIO()
-            bad = argparse.Namespace(tasks_command="cancel", task_id=from_cli.task_id, grace=-1.0, state_dir=state_dir)
+            bad = argparse.Namespace(
+                tasks_command="cancel", task_id=from_cli.task_id, grace=-1.0, state_dir=state_dir
+            )
             assert handle_tasks(bad, out, err) == 2 and "--grace" in err.getvalue()
             args = argparse.Namespace(
                 tasks_command="cancel", task_id=from_cli.task_id, grace=5.0, state_dir=state_dir
@@ -116,7 +120,12 @@ async def test_cancel_from_the_runtime_and_from_the_cli(state_dir: str) -> None:
             # Deliver what is ready now, as a wake would: a cancel must not be among it.
             for session in "ab":
                 assert await rt.coordinator.notifications.deliver(session) == []
-            notes = [m for s in "ab" for m in await rt.history.latest(s, 20) if m.meta.get("kind") == NOTIFICATION_KIND]
+            notes = [
+                m
+                for s in "ab"
+                for m in await rt.history.latest(s, 20)
+                if m.meta.get("kind") == NOTIFICATION_KIND
+            ]
     assert ended.state == "cancelled" and ended.cancel_requested
     assert notes == [] and not any(e.kind == "notifications" for e in events)  # a cancel is never notified
 
@@ -142,8 +151,13 @@ async def test_turn_settings_are_set_through_open(state_dir: str) -> None:
 
     with RecordStore.open(state_dir, options=SMALL) as store:
         async with TaskRuntime.open(
-            store, model, make_tools=lambda rt: echo, max_tool_rounds=1, context_limit=3,
-            retry_delay=lambda failures: 0.0, coalesce_window=0.0,
+            store,
+            model,
+            make_tools=lambda rt: echo,
+            max_tool_rounds=1,
+            context_limit=3,
+            retry_delay=lambda failures: 0.0,
+            coalesce_window=0.0,
         ) as rt:
             result = await rt.user_turn("s", Message(id="u", role="user", content="go"))
             assert rt.coordinator.retry_delay(5) == 0.0
@@ -162,7 +176,10 @@ def test_a_second_process_on_the_same_state_directory_is_refused(state_dir: str)
     )
     with RecordStore.open(state_dir, options=SMALL):
         run = subprocess.run(
-            [sys.executable, "-c", code, state_dir], capture_output=True, text=True, timeout=60,
+            [sys.executable, "-c", code, state_dir],
+            capture_output=True,
+            text=True,
+            timeout=60,
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
     assert run.stdout.strip() == "refused: StoreLockedError", run.stderr

@@ -65,10 +65,16 @@ async def settled(rt: TaskRuntime, sessions: Sequence[str]) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_command_that_tampers_with_its_capture_fails_only_itself(state_dir: str, tmp_path: Path) -> None:
+async def test_a_command_that_tampers_with_its_capture_fails_only_itself(
+    state_dir: str, tmp_path: Path
+) -> None:
     env = {**os.environ, "LINK_TO": str(tmp_path / "stolen.out")}
     commands = {
-        "chmod": CHMOD, "link": LINK, "symlink": SYMLINK, "directory": DIRECTORY, "delete": DELETE,
+        "chmod": CHMOD,
+        "link": LINK,
+        "symlink": SYMLINK,
+        "directory": DIRECTORY,
+        "delete": DELETE,
         "honest": HONEST,
     }
     with RecordStore.open(state_dir, options=SMALL) as store:
@@ -81,11 +87,18 @@ async def test_a_command_that_tampers_with_its_capture_fails_only_itself(state_d
                 s: [m for m in await rt.history.latest(s, 20) if m.meta.get("kind") == NOTIFICATION_KIND]
                 for s in commands
             }
-    rules = {"chmod": "permissive_mode", "link": "hard_link", "symlink": "symlink", "directory": "not_regular"}
+    rules = {
+        "chmod": "permissive_mode",
+        "link": "hard_link",
+        "symlink": "symlink",
+        "directory": "not_regular",
+    }
     for session, rule in rules.items():
         task = ended[session]
         assert task.state == "failed" and task.exit_code == 0, task
-        assert task.error is not None and "changed from outside the journal" in task.error and rule in task.error
+        assert (
+            task.error is not None and "changed from outside the journal" in task.error and rule in task.error
+        )
         (note,) = notes[session]  # notified like any ending, without the untrusted capture
         body = parse_notification(note)
         assert body.task.state == "failed" and body.untrusted_process_output.text == ""

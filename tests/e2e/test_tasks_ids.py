@@ -34,10 +34,13 @@ async def test_a_different_body_under_a_held_message_id_is_refused(state_dir: st
 async def test_a_reused_tool_call_id_is_refused(state_dir: str) -> None:
     async with opened(state_dir) as (_, history):
         call = ToolCall(id="c1", name="run")
-        await history.append("s", [
-            Message(id="a1", role="assistant", content="", tool_calls=(call,)),
-            Message(id="r1", role="tool", content="ok", tool_call_id="c1"),
-        ])
+        await history.append(
+            "s",
+            [
+                Message(id="a1", role="assistant", content="", tool_calls=(call,)),
+                Message(id="r1", role="tool", content="ok", tool_call_id="c1"),
+            ],
+        )
         with pytest.raises(ToolCallIdReused):
             await history.append("s", [Message(id="a2", role="assistant", content="", tool_calls=(call,))])
         assert not open_tool_calls(await history.latest("s", 10))
@@ -53,11 +56,15 @@ class ReusingModel:
         self.n += 1
         if context[-1].role == "tool":
             return [Message(id=f"m{self.n}", role="assistant", content="done")]
-        return [Message(id=f"m{self.n}", role="assistant", content="", tool_calls=(ToolCall(id="c1", name="t"),))]
+        return [
+            Message(id=f"m{self.n}", role="assistant", content="", tool_calls=(ToolCall(id="c1", name="t"),))
+        ]
 
 
 @pytest.mark.anyio
-async def test_a_turn_with_a_reused_call_id_fails_instead_of_reporting_an_unwritten_result(state_dir: str) -> None:
+async def test_a_turn_with_a_reused_call_id_fails_instead_of_reporting_an_unwritten_result(
+    state_dir: str,
+) -> None:
     async with opened(state_dir) as (journal, history):
         notes = TaskNotifications(journal, history)
         runs: list[str] = []
@@ -66,7 +73,9 @@ async def test_a_turn_with_a_reused_call_id_fails_instead_of_reporting_an_unwrit
             runs.append(call.id)
             return ToolResult(content=f"result {len(runs)}")
 
-        coord = ExecutionCoordinator(journal, notes, TurnRunner(history, journal, notes, ReusingModel()), tools=tool)
+        coord = ExecutionCoordinator(
+            journal, notes, TurnRunner(history, journal, notes, ReusingModel()), tools=tool
+        )
         first = await coord.user_turn("s", Message(id="u1", role="user", content="go"))
         assert first.succeeded and [m.content for m in first.tool_results] == ["result 1"]
         second = await coord.user_turn("s", Message(id="u2", role="user", content="again"))
@@ -82,7 +91,9 @@ def test_the_example_host_runs_twice_on_one_state_directory(tmp_path: Path) -> N
     for _ in range(2):
         run = subprocess.run(
             [sys.executable, str(REPO / "examples" / "task_host.py"), "--state-dir", state],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert run.returncode == 0, run.stderr
         outputs.append(run.stdout)

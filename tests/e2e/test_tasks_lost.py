@@ -50,7 +50,8 @@ def alive(pids: list[int]) -> list[int]:
 
 @pytest.mark.anyio
 async def test_a_wrapper_killed_before_the_restart_takes_its_command_with_it(
-    state_dir: str, orphaned_child: int  # noqa: F811
+    state_dir: str,
+    orphaned_child: int,  # noqa: F811
 ) -> None:
     with RecordStore.open(state_dir, options=OPTIONS) as store:
         identity = TaskJournal(store).require("t-restart").process_identity
@@ -68,7 +69,8 @@ async def test_a_wrapper_killed_before_the_restart_takes_its_command_with_it(
 
 @pytest.mark.anyio
 async def test_an_adopted_task_whose_wrapper_dies_is_lost_only_after_its_command(
-    state_dir: str, orphaned_child: int  # noqa: F811
+    state_dir: str,
+    orphaned_child: int,  # noqa: F811
 ) -> None:
     async with supervised(state_dir) as (journal, sup):
         adopted = journal.require("t-restart")
@@ -92,13 +94,21 @@ async def test_a_running_wrapper_whose_pid_was_never_recorded_is_found_and_adopt
         journal = TaskJournal(store)
         await journal.create(
             core.new_task(
-                task_id="t-unrecorded", session_id="s", tool_call_id="c", command=["sleep", "60"],
-                notify="on_exit", cwd=None, output_path=journal.output_path("t-unrecorded"), now=time.time(),
+                task_id="t-unrecorded",
+                session_id="s",
+                tool_call_id="c",
+                command=["sleep", "60"],
+                notify="on_exit",
+                cwd=None,
+                output_path=journal.output_path("t-unrecorded"),
+                now=time.time(),
             )
         )
         journal.root.ensure_dir("tasks")
         out = journal.root.open_file(journal.output_path("t-unrecorded"), writable=True, create=True)
-        wrapper = spawn_wrapped(journal.root, "t-unrecorded", ["sleep", "60"], output_fd=out.fd, cwd=None, env=None)
+        wrapper = spawn_wrapped(
+            journal.root, "t-unrecorded", ["sleep", "60"], output_fd=out.fd, cwd=None, env=None
+        )
         journal.root.close(out)
     try:
         async with supervised(state_dir) as (journal, sup):

@@ -39,11 +39,19 @@ async def test_a_crash_between_reported_and_the_tool_result_notifies_the_end(sta
         await journal.update_control("s", lambda c: core.turn_began(c, now=1.0))
         await journal.create(
             core.new_task(
-                task_id="t1", session_id="s", tool_call_id="c1", command=["make"], notify="on_exit",
-                cwd=None, output_path=journal.output_path("t1"), now=1.0,
+                task_id="t1",
+                session_id="s",
+                tool_call_id="c1",
+                command=["make"],
+                notify="on_exit",
+                cwd=None,
+                output_path=journal.output_path("t1"),
+                now=1.0,
             )
         )
-        await journal.update("t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+        await journal.update(
+            "t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+        )
         await journal.update(
             "t1", lambda t: core.prepare_commit(t, tool_result_id="tool-result:c1", reported_terminal=True)
         )

@@ -172,7 +172,10 @@ def needs_operator(i: int) -> bool:
 
 
 LIMITS = RetentionLimits(
-    terminal_max_records=20, terminal_max_age_ms=30 * DAY, captured_text_max_records=1, captured_text_max_age_ms=DAY
+    terminal_max_records=20,
+    terminal_max_age_ms=30 * DAY,
+    captured_text_max_records=1,
+    captured_text_max_age_ms=DAY,
 )
 FILTERS = (
     {},
@@ -182,7 +185,12 @@ FILTERS = (
 )
 
 
-def matches(rec: Continuation | Tombstone, state: str | None = None, server: str | None = None, route: str | None = None) -> bool:
+def matches(
+    rec: Continuation | Tombstone,
+    state: str | None = None,
+    server: str | None = None,
+    route: str | None = None,
+) -> bool:
     return (
         (state is None or rec.state == state)
         and (server is None or rec.claim.server_name == server)
@@ -231,7 +239,9 @@ async def _one_tombstone(config_path: Path, task_key: str, deadline_text: str) -
         claim = await service.detached_claim(
             "svc",
             DETACHED_TOKEN,
-            DetachedClaimRequest(route="ok", task_key=task_key, task_hash="h-" + task_key, deadline=deadline_text),
+            DetachedClaimRequest(
+                route="ok", task_key=task_key, task_hash="h-" + task_key, deadline=deadline_text
+            ),
         )
         await service.cancel_continuation(claim.continuation_id)
         assert (await service.apply_retention())[0] == 1
@@ -327,7 +337,9 @@ async def test_indexes_follow_changes_to_tombstones_known_only_by_summary(tmp_pa
         repo = service.repo
         before = list_all(service)  # builds the order
         recent = int(time.time() * 1000) - DAY  # (old ones are dropped once acknowledged)
-        expired = next(s.id for s in repo.tombstone_summaries() if s.cause == "expired" and s.terminal_at_ms > recent)
+        expired = next(
+            s.id for s in repo.tombstone_summaries() if s.cause == "expired" and s.terminal_at_ms > recent
+        )
         await service.acknowledge_continuation(expired)  # a new version of an unread tombstone
         assert repo.tombstone_summaries() and repo.has_tombstone(expired)
         gone = next(s for s in repo.tombstone_summaries() if s.cause is None and s.id != expired)

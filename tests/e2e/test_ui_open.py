@@ -144,7 +144,9 @@ async def test_the_file_goes_at_once_when_no_browser_starts(tmp_path: Path) -> N
             assert (await client.get(h.service.base_url + "/ui/login?token=" + token)).status_code == 200
 
 
-def test_a_launcher_that_raises_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launcher_that_raises_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     seen: list[str] = []
 

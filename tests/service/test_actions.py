@@ -243,7 +243,9 @@ RESTART_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("state", "origin", "listed", "in_flight", "want_state", "want_origin", "want_error"), RESTART_CASES)
+@pytest.mark.parametrize(
+    ("state", "origin", "listed", "in_flight", "want_state", "want_origin", "want_error"), RESTART_CASES
+)
 def test_restart_ends_interrupted_work_and_abandons_unlisted_pending_origins(
     state: str,
     origin: str,
@@ -254,7 +256,9 @@ def test_restart_ends_interrupted_work_and_abandons_unlisted_pending_origins(
     want_error: str | None,
 ) -> None:
     digest = None if origin == "pending-nodigest" else "b" * 64
-    rec = record(state, origin_context=origin.split("-")[0], delivery_in_flight=in_flight, snapshot_digest=digest)
+    rec = record(
+        state, origin_context=origin.split("-")[0], delivery_in_flight=in_flight, snapshot_digest=digest
+    )
     marker = None if listed is None else ({rec.id} if listed else {"c_other"})
     after = after_restart(rec, marker, NOW)
     assert (after.state, after.origin_context) == (want_state, want_origin)

@@ -36,7 +36,9 @@ def service(tmp_path: Path) -> Iterator[ContinuationService]:
     config = load_config(write_config(tmp_path), environ=ENV)
     store = RecordStore.open(config.state_dir)
     try:
-        yield ContinuationService(config, store, BlobStore(store.root, store.secret), clock_ms=lambda: NOW, environ=ENV)
+        yield ContinuationService(
+            config, store, BlobStore(store.root, store.secret), clock_ms=lambda: NOW, environ=ENV
+        )
     finally:
         store.close()
 
@@ -100,7 +102,19 @@ def test_metrics_read_the_queue_and_scans_of_the_registered_worker(service: Cont
     assert "afterword_worker_queue_depth 7.0" in text and "afterword_worker_scans_total 3.0" in text
 
 
-ROOMS = (Claims, Results, Tasks, Runs, Operator, Maintenance, Health, Ledger, ServiceKeys, ServiceUrls, RollbackGuard)
+ROOMS = (
+    Claims,
+    Results,
+    Tasks,
+    Runs,
+    Operator,
+    Maintenance,
+    Health,
+    Ledger,
+    ServiceKeys,
+    ServiceUrls,
+    RollbackGuard,
+)
 
 
 def test_the_handle_forwards_to_its_rooms_and_exposes_none(service: ContinuationService) -> None:

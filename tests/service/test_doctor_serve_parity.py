@@ -177,7 +177,10 @@ CASES: dict[str, tuple[Damage, bool]] = {
     "payloads_dir_symlink": (_dir_symlink("payloads"), True),
     "leftover_temporary": (_leftover_temporary, False),
     "manifest_and_log_deleted": (_remove("MANIFEST", "wal/*.seg", "HIGHWATER"), True),
-    "manifest_log_records_deleted": (_remove("MANIFEST", "CATALOG", "wal/*.seg", "HIGHWATER", "records/*.rec"), True),
+    "manifest_log_records_deleted": (
+        _remove("MANIFEST", "CATALOG", "wal/*.seg", "HIGHWATER", "records/*.rec"),
+        True,
+    ),
     "manifest_deleted": (_remove("MANIFEST"), True),
     "highwater_deleted": (_remove("HIGHWATER"), True),
     "highwater_truncated": (_truncate(lambda s: s / "HIGHWATER"), True),

@@ -234,4 +234,3 @@ def test_the_server_binds_only_a_loopback_host(host: str) -> None:
     # A name that is not an IP address is refused with the same clear error, not a ValueError.
     with pytest.raises(ServeError, match="non-loopback host"):
         _bind(host, 0)
-

@@ -112,7 +112,14 @@ async def test_a_remembered_claim_capability_still_refuses_forgeries(derived: Co
     assert token == claim_token(keys.claim, "cap1")
     assert keys.claim_capability(token) == "cap1"
     assert derived["parse_claim_token"] == 0
-    forged = [token[:-1] + ("A" if token[-1] != "A" else "B"), token + "x", "awc1.cap1", "awc1.cap1.", token[5:], ""]
+    forged = [
+        token[:-1] + ("A" if token[-1] != "A" else "B"),
+        token + "x",
+        "awc1.cap1",
+        "awc1.cap1.",
+        token[5:],
+        "",
+    ]
     for bad in forged:
         assert keys.claim_capability(bad) is None, bad
     fresh = ServiceKeys.derive(SECRET)  # another process: parses once, then remembers

@@ -64,7 +64,9 @@ def test_deleted_payload_fails_the_open_with_one_line_and_doctor_explains(
     assert code == 1 and len(lines) == 1 and "payload_missing" in lines[0] and str(path) in lines[0], err
     code, out, _ = _cli(capsys, "continuations", "doctor", "--config", str(tmp_path / "afterword.json"))
     assert code == 2 and "payload_missing" in out and str(path) in out and cid in out, out
-    code, out, _ = _cli(capsys, "continuations", "doctor", "--json", "--config", str(tmp_path / "afterword.json"))
+    code, out, _ = _cli(
+        capsys, "continuations", "doctor", "--json", "--config", str(tmp_path / "afterword.json")
+    )
     assert json.loads(out)["rule"] == "payload_missing"
     assert snapshot(state) == before  # nothing was repaired or swept
 

@@ -182,7 +182,9 @@ def test_mcp_context_of_every_framework_and_low_level_handler() -> None:
     # the request context itself: its request's headers are the capability, not the env.
     low_level = SimpleNamespace(request=SimpleNamespace(headers=headers))
     assert ClaimCapability.from_mcp_context(low_level, env) == CAP
-    assert ClaimCapability.from_mcp_context(SimpleNamespace(request=None), env) == ClaimCapability.from_env(env)
+    assert ClaimCapability.from_mcp_context(SimpleNamespace(request=None), env) == ClaimCapability.from_env(
+        env
+    )
 
     class OutsideARequest:  # MCPServer's Context (SDK 2.x) when no request is being handled
         @property

@@ -11,7 +11,9 @@ import afterword
 from afterword.http.operations import OPERATIONS
 from afterword.protocol import paths
 
-TEMPLATES = {name: getattr(paths, name) for name in paths.__all__ if name.isupper() and name != "OPERATOR_PREFIX"}
+TEMPLATES = {
+    name: getattr(paths, name) for name in paths.__all__ if name.isupper() and name != "OPERATOR_PREFIX"
+}
 # A path of somebody else's API that a client of ours calls (Anthropic's Messages API).
 FOREIGN = {("worker/synthesizers.py", "/v1/messages")}
 
@@ -34,7 +36,11 @@ def test_no_other_module_spells_a_v1_path() -> None:
         if rel == "protocol/paths.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/v1"):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("/v1")
+            ):
                 found.append((rel, node.value))
     assert [f for f in found if f not in FOREIGN] == []
 

@@ -198,5 +198,8 @@ def test_retention_limits_take_each_configured_value_from_its_own_key(tmp_path: 
     }
     config = config_from_mapping({"continuations": {"retention": block}}, str(tmp_path))
     assert retention_limits(config.retention) == RetentionLimits(
-        terminal_max_records=11, terminal_max_age_ms=22, captured_text_max_records=33, captured_text_max_age_ms=44
+        terminal_max_records=11,
+        terminal_max_age_ms=22,
+        captured_text_max_records=33,
+        captured_text_max_age_ms=44,
     )

@@ -50,7 +50,9 @@ async def test_one_ticks_changes_are_written_in_one_call_in_order(capsys: pytest
 
 async def test_the_line_format_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
     old = _record("c_fmt", "synthesizing")
-    new = msgspec.structs.replace(old, state="dead_lettered", last_error=ErrorInfo(code="boom", message="secret"))
+    new = msgspec.structs.replace(
+        old, state="dead_lettered", last_error=ErrorInfo(code="boom", message="secret")
+    )
     log = StateChangeLog()
     log(old, new)
     log(new, new)  # not a change of state or origin: no line
@@ -113,7 +115,9 @@ def _fake_service(body: str) -> Any:
     """An ``open_service`` stand-in: reports one state change, then ``body`` decides the rest."""
 
     @asynccontextmanager
-    async def fake(config: Any, *, channels: Any = None, on_change: Sequence[ChangeListener] = ()) -> AsyncIterator[None]:
+    async def fake(
+        config: Any, *, channels: Any = None, on_change: Sequence[ChangeListener] = ()
+    ) -> AsyncIterator[None]:
         for fn in on_change:
             fn(None, _record("c_last"))
         if body == "serve_error":

@@ -172,8 +172,16 @@ async def test_service_answers_503_storage_full_with_retry_after_and_health_says
         async def claim(key: str) -> httpx.Response:
             return await h.producer.client.post(
                 f"{config.base_url}/v1/continuations/detached/claim",
-                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
-                json={"route": "verification", "taskKey": key, "taskHash": "h-" + key, "deadline": deadline()},
+                headers={
+                    "Authorization": f"Bearer {DETACHED_TOKEN}",
+                    "X-Mono-Agent-Service-Name": "work-control",
+                },
+                json={
+                    "route": "verification",
+                    "taskKey": key,
+                    "taskHash": "h-" + key,
+                    "deadline": deadline(),
+                },
             )
 
         refused = await claim("t-1")
@@ -183,7 +191,9 @@ async def test_service_answers_503_storage_full_with_retry_after_and_health_says
         health = h.service.continuation_health()
         assert health.status == "unhealthy" and health.causes[0].code == "storage_full"
         metrics = {m.name: m for m in ServiceCollector(h.service).collect()}
-        full = [s for s in metrics["afterword_storage_problem"].samples if s.labels["cause"] == "storage_full"]
+        full = [
+            s for s in metrics["afterword_storage_problem"].samples if s.labels["cause"] == "storage_full"
+        ]
         assert full[0].value == 1
         disk.full = False
         accepted = await claim("t-1")  # the same request, retried once space is back
@@ -210,8 +220,16 @@ async def test_a_failed_fsync_is_503_disk_failed_without_retry_after(
             answers.append(
                 await h.producer.client.post(
                     f"{config.base_url}/v1/continuations/detached/claim",
-                    headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
-                    json={"route": "verification", "taskKey": key, "taskHash": "h-" + key, "deadline": deadline()},
+                    headers={
+                        "Authorization": f"Bearer {DETACHED_TOKEN}",
+                        "X-Mono-Agent-Service-Name": "work-control",
+                    },
+                    json={
+                        "route": "verification",
+                        "taskKey": key,
+                        "taskHash": "h-" + key,
+                        "deadline": deadline(),
+                    },
                 )
             )
         for answer in answers:  # the failing write, then a write refused by the failed store

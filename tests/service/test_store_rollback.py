@@ -40,7 +40,10 @@ def _commit(store: RecordStore, first: int, count: int) -> dict[str, bytes]:
 
 def _refused(path: str, rule: str, names: str) -> None:
     """Both opens (serve's and the doctor's read-only one) refuse, naming the evidence."""
-    for opener in (lambda: RecordStore.open(path, options=SMALL), lambda: open_readonly(path, options=SMALL, attempts=1)):
+    for opener in (
+        lambda: RecordStore.open(path, options=SMALL),
+        lambda: open_readonly(path, options=SMALL, attempts=1),
+    ):
         with pytest.raises((EvidenceError, WalEvidenceError)) as err:
             opener()
         assert err.value.rule == rule, err.value  # type: ignore[union-attr]
@@ -114,7 +117,10 @@ def test_a_torn_write_that_was_never_acknowledged_still_opens(
     start = _writes(data)[-1]
     torn = start + 40  # the frame's header and a few payload bytes reached the disk
     seg.write_bytes(data[:torn] + bytes(len(data) - torn))
-    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+    with (
+        caplog.at_level(logging.WARNING, logger="afterword.wal"),
+        RecordStore.open(path, options=SMALL) as store,
+    ):
         assert {r.key: r.value for r in store.items()} == acked
         store.transact_sync([Put("k:after", b"x")])
     assert any("cut a torn tail" in r.getMessage() for r in caplog.records)
@@ -289,8 +295,16 @@ async def test_the_service_refuses_the_first_result_after_its_segment_was_cut(tm
         async def claim(key: str) -> int:
             answer = await h.producer.client.post(
                 f"{config.base_url}/v1/continuations/detached/claim",
-                headers={"Authorization": f"Bearer {DETACHED_TOKEN}", "X-Mono-Agent-Service-Name": "work-control"},
-                json={"route": "verification", "taskKey": key, "taskHash": "h-" + key, "deadline": deadline()},
+                headers={
+                    "Authorization": f"Bearer {DETACHED_TOKEN}",
+                    "X-Mono-Agent-Service-Name": "work-control",
+                },
+                json={
+                    "route": "verification",
+                    "taskKey": key,
+                    "taskHash": "h-" + key,
+                    "deadline": deadline(),
+                },
             )
             if answer.status_code == 503:
                 assert answer.json()["error"]["code"] == "disk_failed", answer.text

@@ -66,8 +66,17 @@ def test_manifest_log_records_and_catalog_of_a_checkpointed_store_deleted(state_
 
 @pytest.mark.parametrize(
     "evidence",
-    ["secret", "HIGHWATER", "CATALOG", "records-v2/ROLLBACK-GUARD", f"payloads/{DIGEST}", f"blobs/{DIGEST}",
-     "wal/00000001.seg", "wal/00000001.broken.1", "records/6b3a30.rec"],
+    [
+        "secret",
+        "HIGHWATER",
+        "CATALOG",
+        "records-v2/ROLLBACK-GUARD",
+        f"payloads/{DIGEST}",
+        f"blobs/{DIGEST}",
+        "wal/00000001.seg",
+        "wal/00000001.broken.1",
+        "records/6b3a30.rec",
+    ],
 )
 def test_each_file_a_used_store_writes_is_evidence(state_dir: str, evidence: str) -> None:
     os.mkdir(state_dir, 0o700)

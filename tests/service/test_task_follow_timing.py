@@ -74,7 +74,9 @@ class ScriptedWire:
         script = self.answers[task_id]
         return script.pop(0) if len(script) > 1 else script[0]
 
-    async def cancel(self, url: str, headers: Mapping[str, str], task_id: str, timeout_s: float) -> str | None:
+    async def cancel(
+        self, url: str, headers: Mapping[str, str], task_id: str, timeout_s: float
+    ) -> str | None:
         self.cancelled.append(task_id)
         return self.cancel_refusal
 
@@ -92,9 +94,7 @@ def working(interval: int | None) -> Polled:
 
 
 def follower(port: FakePort, wire: ScriptedWire, clock: Clock) -> TaskFollower:
-    return TaskFollower(
-        port, wire, limiter=anyio.CapacityLimiter(4), clock_ms=clock, jitter=lambda: 0.0
-    )
+    return TaskFollower(port, wire, limiter=anyio.CapacityLimiter(4), clock_ms=clock, jitter=lambda: 0.0)
 
 
 def one_task(clock: Clock, *answers: Answer, deadline_ms: int = HOUR) -> tuple[FakePort, ScriptedWire]:

@@ -65,13 +65,17 @@ async def report(x: Host, cid: str, outcome: TaskOutcome) -> TaskReport:
     return await x.client.report_task_outcome(cid, outcome)
 
 
-async def adopted(x: Host, handle: TaskHandle = HANDLE, server: str = SERVER, **begin: Any) -> tuple[Any, str]:
+async def adopted(
+    x: Host, handle: TaskHandle = HANDLE, server: str = SERVER, **begin: Any
+) -> tuple[Any, str]:
     run = await x.begin(**begin)
     task = await run.adopt_task(server, handle)
     return run, task.continuation_id
 
 
-def completed(structured: Any = None, texts: tuple[str, ...] = ("done",), is_error: bool = False) -> TaskOutcome:
+def completed(
+    structured: Any = None, texts: tuple[str, ...] = ("done",), is_error: bool = False
+) -> TaskOutcome:
     result: dict[str, Any] = {"content": [{"type": "text", "text": t} for t in texts], "isError": is_error}
     if structured is not None:
         result["structuredContent"] = structured
@@ -205,7 +209,9 @@ async def test_adoption_refusals(host: Callable[..., Any]) -> None:
                 await run.adopt_task(SERVER, handle)
         assert list(x.h.service.repo.live()) == []
         # Hostile hints are taken as given and clamped where used.
-        ok = await run.adopt_task(SERVER, TaskHandle(task_id="t", status="working", poll_interval_ms=0, ttl_ms=10**9))
+        ok = await run.adopt_task(
+            SERVER, TaskHandle(task_id="t", status="working", poll_interval_ms=0, ttl_ms=10**9)
+        )
         assert ok.follow == "host"
 
 
@@ -316,7 +322,9 @@ async def test_completed_text_content_is_joined(host: Callable[..., Any]) -> Non
     "outcome",
     [
         TaskOutcome(status="failed", message="disk full"),
-        TaskOutcome(status="completed", result={"content": [{"type": "text", "text": "disk full"}], "isError": True}),
+        TaskOutcome(
+            status="completed", result={"content": [{"type": "text", "text": "disk full"}], "isError": True}
+        ),
     ],
     ids=["failed", "is_error"],
 )
@@ -507,7 +515,9 @@ async def test_crash_before_activation_behaves_like_a_claim(tmp_path: Path) -> N
         assert await h.service.expire_task_host_leases() == []
         assert h.service._tasks.host_leases[host_cid] > h.service.clock_ms()
         rec = h.service.repo.get(host_cid)
-        assert rec is not None and rec.state == "claimed" and rec.task is not None and rec.task.follow == "host"
+        assert (
+            rec is not None and rec.state == "claimed" and rec.task is not None and rec.task.follow == "host"
+        )
         out = await h.service.report_task_outcome(cid, completed({"a": 1}))
         assert out.state == "result_received"
 
@@ -524,7 +534,9 @@ async def test_what_was_committed_before_a_restart_is_answered_once_after_it(tmp
         await run.close()
         await run.finalize(ORIGIN)
         await run.activate()
-        assert (await h.service.report_task_outcome(done, completed({"answer": 42}))).state == "result_received"
+        assert (
+            await h.service.report_task_outcome(done, completed({"answer": 42}))
+        ).state == "result_received"
         await h.service.cancel_continuation(owed)
         config = h.config
     async with serving(tmp_path, config=config, run_worker=True) as h:
@@ -547,7 +559,11 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
         token = read_host_token(h.config)
         auth = {"Authorization": f"Bearer {token}"}
         base = h.service.base_url
-        await h.client.post(base + paths.HOST_RUNS, headers=auth, json={"runId": "r", "conversationId": CONV, "replyTo": REPLY})
+        await h.client.post(
+            base + paths.HOST_RUNS,
+            headers=auth,
+            json={"runId": "r", "conversationId": CONV, "replyTo": REPLY},
+        )
         adopt_url = paths.url(paths.HOST_TASKS, base, run_id="r")
         bodies = [
             {"server": SERVER, "taskId": "t", "status": "working", "callbackUrl": "http://evil/"},
@@ -560,7 +576,9 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
             resp = await h.client.post(adopt_url, headers=auth, json=body)
             assert resp.status_code == 400, resp.text
             assert resp.json()["error"]["code"] == "invalid_request" and token not in resp.text
-        resp = await h.client.post(adopt_url, headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"})
+        resp = await h.client.post(
+            adopt_url, headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"}
+        )
         assert resp.status_code == 200
         cid = resp.json()["continuationId"]
         outcome_url = paths.url(paths.HOST_TASK_OUTCOME, base, cid=cid)
@@ -584,28 +602,52 @@ async def test_hostile_bodies_are_refused_and_never_echo_the_token(tmp_path: Pat
         assert unknown.status_code == 404
         nobody = await h.client.post(outcome_url, json={"status": "working"})
         assert nobody.status_code == 401
-        assert (await h.client.post(paths.url(paths.HOST_TASKS, base, run_id="nope"), headers=auth, json={"server": SERVER, "taskId": "t", "status": "working"})).status_code == 404
+        assert (
+            await h.client.post(
+                paths.url(paths.HOST_TASKS, base, run_id="nope"),
+                headers=auth,
+                json={"server": SERVER, "taskId": "t", "status": "working"},
+            )
+        ).status_code == 404
 
 
 async def test_hints_past_what_a_record_holds_are_refused_not_a_crash(tmp_path: Path) -> None:
     async with serving(tmp_path, servers=SERVERS, selected=[SERVER, WEB]) as h:
         auth = {"Authorization": f"Bearer {read_host_token(h.config)}", "Content-Type": "application/json"}
         base = h.service.base_url
-        await h.client.post(base + paths.HOST_RUNS, headers=auth, json={"runId": "r", "conversationId": CONV, "replyTo": REPLY})
+        await h.client.post(
+            base + paths.HOST_RUNS,
+            headers=auth,
+            json={"runId": "r", "conversationId": CONV, "replyTo": REPLY},
+        )
         adopt_url = paths.url(paths.HOST_TASKS, base, run_id="r")
         for field in ("ttlMs", "pollIntervalMs"):
             for value in (b"100000000000000000000000", str(2**53 + 1).encode()):
-                body = b'{"server":"%s","taskId":"t","status":"working","%s":%s}' % (SERVER.encode(), field.encode(), value)
+                body = b'{"server":"%s","taskId":"t","status":"working","%s":%s}' % (
+                    SERVER.encode(),
+                    field.encode(),
+                    value,
+                )
                 resp = await h.client.post(adopt_url, headers=auth, content=body)
                 assert resp.status_code == 400, resp.text
                 assert resp.json()["error"]["code"] == "invalid_request"
-        ok = await h.client.post(adopt_url, headers=auth, json={"server": SERVER, "taskId": "t", "status": "working", "ttlMs": 2**53})
+        ok = await h.client.post(
+            adopt_url,
+            headers=auth,
+            json={"server": SERVER, "taskId": "t", "status": "working", "ttlMs": 2**53},
+        )
         assert ok.status_code == 200, ok.text
         cid = ok.json()["continuationId"]
         outcome_url = paths.url(paths.HOST_TASK_OUTCOME, base, cid=cid)
-        resp = await h.client.post(outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":1e400}')
+        resp = await h.client.post(
+            outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":1e400}'
+        )
         assert resp.status_code == 400
-        resp = await h.client.post(outcome_url, headers=auth, content=b'{"status":"working","pollIntervalMs":100000000000000000000000}')
+        resp = await h.client.post(
+            outcome_url,
+            headers=auth,
+            content=b'{"status":"working","pollIntervalMs":100000000000000000000000}',
+        )
         assert resp.status_code == 400, resp.text
         # Embedded, the same handle is refused by the same rule.
         run = h.service.begin_run("run-e", CONV, REPLY)
@@ -631,7 +673,9 @@ async def test_text_without_a_utf8_form_is_refused_not_a_crash(tmp_path: Path) -
                 await h.service.report_task_outcome(cid, TaskOutcome(status=status, message="gone \udc80"))  # type: ignore[arg-type]
         rec = h.service.repo.get(cid)
         assert rec is not None and rec.state == "claimed"
-        assert (await h.service.report_task_outcome(cid, TaskOutcome(status="lost", message="gone"))).state == "dead_lettered"
+        assert (
+            await h.service.report_task_outcome(cid, TaskOutcome(status="lost", message="gone"))
+        ).state == "dead_lettered"
 
 
 async def test_a_claim_is_not_a_task(tmp_path: Path) -> None:

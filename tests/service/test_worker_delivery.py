@@ -279,7 +279,9 @@ async def test_an_operator_verdict_on_an_unknown_post_never_reposts_by_itself(tm
             await h.service.retry_continuation(claimed.id, allow_unknown=True)  # the explicit retry
             assert (await wait_state(h.service, claimed.id)).state == "delivery_unknown"
             assert fake.count == 2
-            await h.service.resolve_continuation_delivery(claimed.id, {"kind": "delivered", "deliveryId": "EXT-42"})
+            await h.service.resolve_continuation_delivery(
+                claimed.id, {"kind": "delivered", "deliveryId": "EXT-42"}
+            )
             await h.after_full_scan()
             assert fake.count == 2
 

@@ -120,7 +120,9 @@ async def test_what_is_durable_when_the_synthesizer_is_called(
 
 
 @pytest.mark.anyio
-async def test_a_failing_local_synthesizer_is_dead_lettered_once_with_its_attempt_counted(tmp_path: Path) -> None:
+async def test_a_failing_local_synthesizer_is_dead_lettered_once_with_its_attempt_counted(
+    tmp_path: Path,
+) -> None:
     synth = RecordingSynth(error=RuntimeError("template bug"), local=True)
     config, env = make_config(tmp_path)
     async with running(config, env, synthesizer=synth) as h:

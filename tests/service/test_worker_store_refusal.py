@@ -71,7 +71,9 @@ class ArmingOutbox(OutboxChannel):
         return receipt
 
 
-async def _session(config: Any, env: dict[str, str], channel: Any, switch: RefuseNextWrite | None, step: Any) -> Any:
+async def _session(
+    config: Any, env: dict[str, str], channel: Any, switch: RefuseNextWrite | None, step: Any
+) -> Any:
     options = StoreOptions(observe_transaction=switch) if switch is not None else None
     async with (
         afterword.open_service(
@@ -91,7 +93,9 @@ async def _drive(worker: Worker) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("reconciles", [False, True], ids=["plain", "outbox"])
-async def test_a_refused_receipt_write_mid_post_is_settled_like_a_crash(tmp_path: Path, reconciles: bool) -> None:
+async def test_a_refused_receipt_write_mid_post_is_settled_like_a_crash(
+    tmp_path: Path, reconciles: bool
+) -> None:
     config, env = make_config(tmp_path)
     switch = RefuseNextWrite()
     outbox = str(tmp_path / "outbox.jsonl")

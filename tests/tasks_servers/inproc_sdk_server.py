@@ -133,7 +133,9 @@ class TasksExtension(Extension):
                 await book.release_slow.wait()
             if book.hostile == "echo":  # repeats the credentials it was sent, in a "not found"
                 seen = book.headers[-1].get("authorization", "")
-                raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Task {params.task_id} unknown to {seen}")
+                raise MCPError(
+                    code=mcp_types.INVALID_PARAMS, message=f"Task {params.task_id} unknown to {seen}"
+                )
             task = self._task(params.task_id)
             if book.hostile == "wrong_id":
                 return self._wire("task-someone-else", task)

@@ -69,7 +69,9 @@ def surface() -> dict[str, str]:
             elif isinstance(node, ast.Attribute):
                 attributes.add(node.attr)
             elif isinstance(node, ast.ClassDef):
-                attributes.update(f.name for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef))
+                attributes.update(
+                    f.name for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                )
     out: dict[str, str] = {}
     for module, name in sorted(imported):
         qual = f"{module}.{name}"

@@ -266,7 +266,10 @@ def look_alike_modules(root: Path, package: str = "afterword") -> set[tuple[str,
         stems = sorted(p.stem for p in folder.glob("*.py"))
         rel = folder.relative_to(root).as_posix()
         found.update(
-            (f"{rel}/{a}.py", f"{rel}/{b}.py") for i, a in enumerate(stems) for b in stems[i + 1 :] if _look_alike(a, b)
+            (f"{rel}/{a}.py", f"{rel}/{b}.py")
+            for i, a in enumerate(stems)
+            for b in stems[i + 1 :]
+            if _look_alike(a, b)
         )
     return found
 
@@ -376,7 +379,18 @@ def test_the_checks_find_a_cycle_a_long_module_and_a_private_read(tmp_path: Path
 
 
 def test_the_name_check_finds_look_alike_modules_and_lets_real_differences_pass(tmp_path: Path) -> None:
-    names = ["frame", "frames", "synth", "synthesis", "log", "log_frames", "_mcp_v1", "_mcp_v2", "lock", "look"]
+    names = [
+        "frame",
+        "frames",
+        "synth",
+        "synthesis",
+        "log",
+        "log_frames",
+        "_mcp_v1",
+        "_mcp_v2",
+        "lock",
+        "look",
+    ]
     _write(tmp_path, {f"afterword/wal/{name}.py": "" for name in names})
     assert look_alike_modules(tmp_path) == {
         ("afterword/wal/frame.py", "afterword/wal/frames.py"),

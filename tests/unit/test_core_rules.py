@@ -108,7 +108,9 @@ def _format_ms_by_datetime(ms: int) -> str:
     st.one_of(
         st.integers(min_value=0, max_value=253_402_300_799_999),  # through 9999-12-31
         st.integers(min_value=NOW - 10 * 365 * 86_400_000, max_value=NOW + 10 * 365 * 86_400_000),
-        st.sampled_from([0, 999, 86_399_999, 86_400_000, 951_782_399_999, 951_782_400_000, 253_402_300_799_999]),
+        st.sampled_from(
+            [0, 999, 86_399_999, 86_400_000, 951_782_399_999, 951_782_400_000, 253_402_300_799_999]
+        ),
     )
 )
 def test_format_ms_gives_the_same_text_as_datetime(ms: int) -> None:

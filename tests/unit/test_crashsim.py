@@ -339,7 +339,10 @@ def test_the_store_and_service_workloads_run_the_shipped_configuration() -> None
         wal = options.wal
         assert wal.inline_commit_max_s == shipped.wal.inline_commit_max_s
         sized = replace(
-            shipped.wal, segment_size=wal.segment_size, max_payload=wal.max_payload, max_log_bytes=wal.max_log_bytes
+            shipped.wal,
+            segment_size=wal.segment_size,
+            max_payload=wal.max_payload,
+            max_log_bytes=wal.max_log_bytes,
         )
         assert wal == replace(sized, zero_fill=False)
         assert replace(options, wal=shipped.wal, checkpoint_threads=shipped.checkpoint_threads) == shipped
@@ -434,7 +437,9 @@ def test_acknowledging_an_inline_commit_before_its_fdatasync_is_caught(name: str
 
 
 @pytest.mark.slow
-def test_the_crashsim_cli_lists_runs_replays_one_state_and_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_crashsim_cli_lists_runs_replays_one_state_and_refuses_an_unknown_workload(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     os.chmod(tmp_path, 0o700)
     assert main(["list"]) == 0
     assert "checkpoint" in capsys.readouterr().out

@@ -60,7 +60,9 @@ def test_damage_fails_closed_or_opens_exactly(name: str, seed: int, scratch: Scr
     assert flips["exact"] == sum(flips.values()) >= result.snapshots
 
 
-def test_the_family_catches_a_store_without_evidence(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_family_catches_a_store_without_evidence(
+    scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the evidence checks switched off the same cases open with acknowledged work gone."""
     monkeypatch.setattr(wal_recovery, "check_named", lambda *a, **k: None)
     monkeypatch.setattr(wal_recovery, "check_acked", lambda *a, **k: None)
@@ -71,7 +73,9 @@ def test_the_family_catches_a_store_without_evidence(scratch: Scratch, monkeypat
     assert any("silent_loss" in e for e in result.examples)
 
 
-def test_tail_bitflips_are_silent_losses_without_shadows(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tail_bitflips_are_silent_losses_without_shadows(
+    scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without the shadow restore a flipped bit in the last frame reads as a torn write and
     is cut: the kind is known to be able to find that loss. (The HIGHWATER mark refuses
     that cut too, so it is switched off here as well.)"""
@@ -96,7 +100,9 @@ def test_rolled_back_or_zeroed_logs_fail_closed(name: str, seed: int, scratch: S
         assert result.counts[kind]["fail_closed"] > 0, kind
 
 
-def test_the_family_catches_a_log_that_ignores_its_mark(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_family_catches_a_log_that_ignores_its_mark(
+    scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Mutant for ``segment-rollback``: an open that reads the HIGHWATER mark but does not
     hold the log to it opens an older copy of a segment as less."""
     monkeypatch.setattr(wal_recovery, "check_mark", lambda *a, **k: None)
@@ -177,7 +183,9 @@ def test_an_owner_that_never_rechecks_its_lock_file_is_caught(
     assert outcomes["unsafe_open"] == sum(outcomes.values()) > 0
 
 
-def test_a_replaced_guard_is_caught_without_its_file_rules(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replaced_guard_is_caught_without_its_file_rules(
+    scratch: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(store_recovery, "check_guard_file", lambda root: False)
     outcomes = _mutant_outcomes(scratch, "guard-replaced")
     assert outcomes["unsafe_open"] == sum(outcomes.values()) > 0

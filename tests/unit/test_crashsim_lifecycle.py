@@ -149,7 +149,10 @@ def test_the_outbox_model_settles_an_interrupted_delivery_from_the_lines_it_hold
     one_line = w.expect([n for n in order if n <= posts[0]])["I"]
     both = w.expect([n for n in order if n <= posts[1]])
     # No line: posted afresh; one of two: the rest is posted; both: delivered, answer recorded.
-    assert isinstance(in_flight, View) and (in_flight.state, in_flight.error) == ("delivery_retry", "delivery_reconciled")
+    assert isinstance(in_flight, View) and (in_flight.state, in_flight.error) == (
+        "delivery_retry",
+        "delivery_reconciled",
+    )
     assert isinstance(one_line, View) and one_line.state == "delivery_retry"
     assert isinstance(both["I"], Compacted) and both["I"].state == "delivered"
     assert both["history:I"] == ("I:answer",)
@@ -161,7 +164,10 @@ def test_the_local_model_has_no_synthesizing_step() -> None:
     order = sorted(w.ops_by_number)
     before_text = w.expect([n for n in order if n < _numbers(w, "I", "text")])["I"]
     # Lost before its only commit: the result is still there to synthesize, nothing dead-letters.
-    assert isinstance(before_text, View) and (before_text.state, before_text.attempts) == ("result_received", (0, 0))
+    assert isinstance(before_text, View) and (before_text.state, before_text.attempts) == (
+        "result_received",
+        (0, 0),
+    )
     text = w.expect([n for n in order if n <= _numbers(w, "I", "text")])["I"]
     assert isinstance(text, View) and (text.state, text.attempts) == ("ready_to_deliver", (1, 0))
 

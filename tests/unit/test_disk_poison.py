@@ -89,10 +89,35 @@ def test_the_state_root_holds_its_checked_root() -> None:
 # a ``Disk`` too, and only join and split path strings with ``os.path``.
 _FS_CALLS = {
     "os": {
-        "open", "close", "pwrite", "pread", "write", "read", "fsync", "fdatasync", "ftruncate",
-        "truncate", "posix_fallocate", "stat", "lstat", "fstat", "rename", "replace", "unlink",
-        "remove", "mkdir", "makedirs", "rmdir", "listdir", "scandir", "chmod", "chown", "link",
-        "symlink", "removedirs", "utime",
+        "open",
+        "close",
+        "pwrite",
+        "pread",
+        "write",
+        "read",
+        "fsync",
+        "fdatasync",
+        "ftruncate",
+        "truncate",
+        "posix_fallocate",
+        "stat",
+        "lstat",
+        "fstat",
+        "rename",
+        "replace",
+        "unlink",
+        "remove",
+        "mkdir",
+        "makedirs",
+        "rmdir",
+        "listdir",
+        "scandir",
+        "chmod",
+        "chown",
+        "link",
+        "symlink",
+        "removedirs",
+        "utime",
     },
     "fcntl": {"flock", "lockf", "fcntl"},
     "sqlite3": {"connect"},
@@ -126,5 +151,7 @@ def test_no_file_system_call_outside_the_disk_seam() -> None:
 
 def test_the_seam_check_finds_a_call_around_the_seam(tmp_path: Path) -> None:
     (tmp_path / "afterword" / "disk").mkdir(parents=True)
-    (tmp_path / "afterword" / "disk" / "bad.py").write_text("import os\nos.makedirs('x')\nos.path.join('a')\n")
+    (tmp_path / "afterword" / "disk" / "bad.py").write_text(
+        "import os\nos.makedirs('x')\nos.path.join('a')\n"
+    )
     assert fs_calls_outside_the_seam(tmp_path) == ["afterword/disk/bad.py:2 os.makedirs"]

@@ -44,7 +44,9 @@ def test_docs_name_the_format_the_store_writes() -> None:
     docs = ROOT / "docs"
     upgrading = (docs / "upgrading.md").read_text(encoding="utf-8")
     assert upgrading.splitlines()[0].endswith(f"`{codec.FORMAT}`")
-    assert (docs / "storage-format.md").read_text(encoding="utf-8").splitlines()[0].endswith(f"`{codec.FORMAT}`")
+    assert (
+        (docs / "storage-format.md").read_text(encoding="utf-8").splitlines()[0].endswith(f"`{codec.FORMAT}`")
+    )
     design = (docs / "design.md").read_text(encoding="utf-8")
     assert f"`{codec.FORMAT}`" in design
     named = set(re.findall(r"`(per-record-v\d+)`", design))

@@ -178,8 +178,15 @@ def test_one_invalid_transition_class_serves_both_lifecycles() -> None:
 
     assert TaskInvalidTransition is InvalidTransition
     ended = TaskRecord(
-        task_id="t1", session_id="s", tool_call_id="c", command=("true",), cwd=None,
-        notify="on_exit", created_at=0.0, output_path="o", state="exited",
+        task_id="t1",
+        session_id="s",
+        tool_call_id="c",
+        command=("true",),
+        cwd=None,
+        notify="on_exit",
+        created_at=0.0,
+        output_path="o",
+        state="exited",
     )
     with pytest.raises(InvalidTransition) as info:
         core.adopted(ended)

@@ -62,7 +62,13 @@ def _derive_calls(path: Path) -> list[tuple[int, ast.expr]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and len(node.args) >= 2:
             func = node.func
-            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else ""
+            )
             if name == "derive_key":
                 calls.append((node.lineno, node.args[1]))
     return calls

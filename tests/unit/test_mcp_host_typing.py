@@ -12,7 +12,7 @@ mypy_api = pytest.importorskip("mypy.api")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-HOST = '''
+HOST = """
 from afterword.app.binding import RunBinding
 from afterword.clients.hostapi_client import RemoteRun
 from afterword.config import Config
@@ -26,7 +26,7 @@ async def turn(run: RunBinding | RemoteRun, config: Config) -> None:
     async with open_session(run, config.mcp_servers["tools"]) as session:
         assert session is not None
     await settle_run(either, [])
-'''
+"""
 
 
 def test_both_kinds_of_run_type_check_as_a_host_binding(tmp_path: Path) -> None:

@@ -31,5 +31,9 @@ def test_the_suite_runs_in_two_processes_wherever_ci_runs_it() -> None:
     addopts = shlex.split(project["tool"]["pytest"]["ini_options"]["addopts"])
     assert addopts[addopts.index("-n") + 1] == "2"
     assert any(req.startswith("pytest-xdist") for req in project["project"]["optional-dependencies"]["test"])
-    installs = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pip install" in line and "pytest" in line]
+    installs = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if "pip install" in line and "pytest" in line
+    ]
     assert installs and all("pytest-xdist" in line for line in installs), installs

@@ -257,7 +257,9 @@ class FailingRenameDisk(OsDisk):
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("target", [CATALOG, record_file_name("b")])
-async def test_a_failed_automatic_checkpoint_does_not_fail_the_durable_commit(tmp_path: Path, target: str) -> None:
+async def test_a_failed_automatic_checkpoint_does_not_fail_the_durable_commit(
+    tmp_path: Path, target: str
+) -> None:
     """The commit that found the log full is durable before its checkpoint starts; a
     checkpoint that then fails (here a record file's rename) is logged and retried by the
     next commit, never reported to that committer as a failed commit. (A failed catalog
@@ -266,7 +268,9 @@ async def test_a_failed_automatic_checkpoint_does_not_fail_the_durable_commit(tm
     os.chmod(tmp_path, 0o700)
     disk = FailingRenameDisk("")
     # A log cap of one segment: every commit finds the log full and checkpoints.
-    options = StoreOptions(wal=WalOptions(segment_size=MiB, max_payload=MiB // 4, zero_fill=False, max_log_bytes=MiB))
+    options = StoreOptions(
+        wal=WalOptions(segment_size=MiB, max_payload=MiB // 4, zero_fill=False, max_log_bytes=MiB)
+    )
     with RecordStore.open(path, disk=disk, options=options) as store:
         await store.transact([Put("a", b"1")])
         disk.target = target

@@ -94,7 +94,9 @@ async def test_replay_and_live_build_the_same_index(state_dir: str) -> None:
                     elif roll < 0.2:
                         out[i] = None
                     else:
-                        out[i] = Job(state=rng.choice(["queued", "running", "done"]), attempts=job.attempts + 1)
+                        out[i] = Job(
+                            state=rng.choice(["queued", "running", "done"]), attempts=job.attempts + 1
+                        )
                 return out
 
             await jobs.update(ids, change)
@@ -117,7 +119,9 @@ async def test_replay_and_live_build_the_same_index(state_dir: str) -> None:
 
 def test_garbage_at_open_raises_naming_the_key(state_dir: str) -> None:
     with RecordStore.open(state_dir, options=OPTIONS) as store:
-        store.transact_sync([Put("job/ok", _enc.encode(Job(state="queued"))), Put("job/bad", b"\xc1 garbage")])
+        store.transact_sync(
+            [Put("job/ok", _enc.encode(Job(state="queued"))), Put("job/bad", b"\xc1 garbage")]
+        )
         with pytest.raises(CorruptRecordError, match="job/bad") as info:
             Collection(store, "job/", Job)
         assert info.value.key == "job/bad"
@@ -192,7 +196,10 @@ async def test_a_value_built_here_that_would_not_decode_fails_closed(state_dir: 
         assert isinstance(jobs.corrupt, CorruptRecordError) and jobs.corrupt.key == "job/a"
         with pytest.raises(CorruptRecordError, match="job/a"):
             jobs.get("ok")
-    with RecordStore.open(state_dir, options=OPTIONS) as store, pytest.raises(CorruptRecordError, match="job/a"):
+    with (
+        RecordStore.open(state_dir, options=OPTIONS) as store,
+        pytest.raises(CorruptRecordError, match="job/a"),
+    ):
         Collection(store, "job/", StrictJob)  # replay refuses it the same way
 
 
@@ -270,7 +277,8 @@ def test_overlapping_updates_never_deadlock_or_lose_writes(
 
                 def inc(cur: dict[str, Job | None]) -> dict[str, Job | None]:
                     return {
-                        i: Job(state="seen", attempts=(job.attempts if job else 0) + 1) for i, job in cur.items()
+                        i: Job(state="seen", attempts=(job.attempts if job else 0) + 1)
+                        for i, job in cur.items()
                     }
 
                 for _ in range(rng.randint(0, 2)):
@@ -315,7 +323,9 @@ async def test_keyed_locks_order_and_single_key_form() -> None:
     assert not locks.locked("a") and len(locks) == 0
 
 
-async def test_keyed_locks_build_nothing_uncontended_and_still_exclude(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_keyed_locks_build_nothing_uncontended_and_still_exclude(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """An uncontended hold builds no lock and no event (one dict entry); only a task that finds
     its key held waits on an event of its own, and exclusion is the same."""
     from afterword.store import keyed_locks as locks_module

@@ -236,13 +236,19 @@ def test_flipped_bit_in_the_acknowledged_last_frame_is_restored_from_its_shadow(
     acked = _make(path, killed=killed)
     seg, frame = _last_frame(path)
     _flip(seg, frame.offset + FIELDS[field], 6)
-    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+    with (
+        caplog.at_level(logging.WARNING, logger="afterword.wal"),
+        RecordStore.open(path, options=SMALL) as store,
+    ):
         assert {r.key: r.value for r in store.items()} == acked
     assert any("restored lsn" in r.getMessage() for r in caplog.records)
     assert not any("cut a torn tail" in r.getMessage() for r in caplog.records)
     assert [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+    with (
+        caplog.at_level(logging.WARNING, logger="afterword.wal"),
+        RecordStore.open(path, options=SMALL) as store,
+    ):
         assert {r.key: r.value for r in store.items()} == acked  # the primary was rewritten
     assert not caplog.records
 
@@ -269,7 +275,10 @@ def test_torn_unacknowledged_tail_is_cut_and_the_cut_is_logged(
     mark_back(path, frame.lsn - 1)
     _flip(seg, frame.offset + FIELDS["payload"])
     _flip(seg, frame.end + 8)
-    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+    with (
+        caplog.at_level(logging.WARNING, logger="afterword.wal"),
+        RecordStore.open(path, options=SMALL) as store,
+    ):
         got = {r.key: r.value for r in store.items()}
     assert got == {k: v for k, v in acked.items() if k != "k:6"}
     assert any("cut a torn tail" in r.getMessage() for r in caplog.records)
@@ -281,7 +290,10 @@ def test_damaged_shadow_alone_is_harmless(tmp_path: object, caplog: pytest.LogCa
     acked = _make(path, killed=True)
     seg, frame = _last_frame(path)
     _flip(seg, frame.end + 8)
-    with caplog.at_level(logging.WARNING, logger="afterword.wal"), RecordStore.open(path, options=SMALL) as store:
+    with (
+        caplog.at_level(logging.WARNING, logger="afterword.wal"),
+        RecordStore.open(path, options=SMALL) as store,
+    ):
         assert {r.key: r.value for r in store.items()} == acked
     assert not caplog.records
     assert not [n for n in os.listdir(os.path.join(path, "wal")) if ".broken." in n]
@@ -302,8 +314,10 @@ def test_v3_state_is_upgraded_on_first_open(tmp_path: object) -> None:
     acked = _make(path, killed=True)
     mpath = os.path.join(path, "MANIFEST")
     manifest = json.loads(Path(mpath).read_bytes())
-    v3 = {k: manifest[k] for k in ("generation", "checkpoint_lsn", "wal_start_seq", "record_count",
-                                   "guard_required", "meta")}
+    v3 = {
+        k: manifest[k]
+        for k in ("generation", "checkpoint_lsn", "wal_start_seq", "record_count", "guard_required", "meta")
+    }
     v3["format"] = "per-record-v3"
     with open(mpath, "w") as fh:
         json.dump(v3, fh)

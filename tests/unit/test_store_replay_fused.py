@@ -107,7 +107,10 @@ def test_replay_matches_the_operation_by_operation_definition(
     frames = [Frame(0, start + i, start + i, encode_tx(tuple(ops)), 0) for i, ops in enumerate(txs)]
     step, fused = _state(files, catalogued), _state(files, catalogued)
     digest = "" if manifest_off else step.digest.text()
-    step_check, fused_check = _check(step, digest, step.digest.count), _check(fused, digest, fused.digest.count)
+    step_check, fused_check = (
+        _check(step, digest, step.digest.count),
+        _check(fused, digest, fused.digest.count),
+    )
 
     _step(step, step_check, frames)
     fused.replay(_in_runs(frames, cuts), fused_check)  # as the log hands them over

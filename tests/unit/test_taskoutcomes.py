@@ -57,10 +57,14 @@ def record(state: str = "claimed", **changes: Any) -> Continuation:
 
 
 def result_of(payload: bytes) -> ResultRecord:
-    return ResultRecord(idempotency_key="task:task-7", payload_hash="a" * 64, payload=payload, received_at_ms=NOW)
+    return ResultRecord(
+        idempotency_key="task:task-7", payload_hash="a" * 64, payload=payload, received_at_ms=NOW
+    )
 
 
-def call_result(structured: Any = None, texts: tuple[str, ...] = (), is_error: bool | None = None) -> dict[str, Any]:
+def call_result(
+    structured: Any = None, texts: tuple[str, ...] = (), is_error: bool | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"content": [{"type": "text", "text": t} for t in texts]}
     if structured is not None:
         out["structuredContent"] = structured
@@ -84,14 +88,19 @@ def test_poll_delay_is_clamped_with_bounded_backoff(hint: int | None, failures: 
     assert table.poll_delay_ms(hint, failures) == delay
 
 
-@given(st.one_of(st.none(), st.integers(min_value=0, max_value=10**12)), st.integers(min_value=0, max_value=10**6))
+@given(
+    st.one_of(st.none(), st.integers(min_value=0, max_value=10**12)),
+    st.integers(min_value=0, max_value=10**6),
+)
 def test_poll_delay_always_within_bounds(hint: int | None, failures: int) -> None:
     assert table.MIN_POLL_MS <= table.poll_delay_ms(hint, failures) <= table.MAX_POLL_MS
 
 
 # -- row: completed --------------------------------------------------------------------------
 def test_completed_structured_content_is_the_payload() -> None:
-    d = table.decide(record(), TaskOutcome(status="completed", result=call_result({"n": 1}, ("ignored",))), NOW)
+    d = table.decide(
+        record(), TaskOutcome(status="completed", result=call_result({"n": 1}, ("ignored",))), NOW
+    )
     assert (d.kind, d.payload, d.failed) == ("accept", {"n": 1}, False)
     new = table.apply(record(), d, NOW, result_of(b'{"n":1}'))
     assert new is not None and new.state == "result_received" and new.result is not None
@@ -110,10 +119,18 @@ def test_completed_structured_content_is_the_payload() -> None:
         ({"content": "not a list"}, {}),
         (call_result(None, ()), {}),
         (
-            {"content": [{"type": "image", "data": "x", "mimeType": "image/png"}, {"type": "resource_link", "uri": "u"}]},
+            {
+                "content": [
+                    {"type": "image", "data": "x", "mimeType": "image/png"},
+                    {"type": "resource_link", "uri": "u"},
+                ]
+            },
             {"text": "The task finished with content that cannot be shown here (image, resource link)."},
         ),
-        ({"content": [{"type": "text", "text": ""}, {"type": "audio", "data": "x"}]}, {"text": "The task finished with content that cannot be shown here (audio)."}),
+        (
+            {"content": [{"type": "text", "text": ""}, {"type": "audio", "data": "x"}]},
+            {"text": "The task finished with content that cannot be shown here (audio)."},
+        ),
         (call_result({"x": 1}, is_error=False), {"x": 1}),
     ],
 )
@@ -139,11 +156,16 @@ def test_a_result_without_text_is_never_an_empty_answer() -> None:
         # The tool's error text says what went wrong; the task's status message does not.
         (
             TaskOutcome(
-                status="completed", result=call_result(None, ("disk full",), is_error=True), message="Task completed"
+                status="completed",
+                result=call_result(None, ("disk full",), is_error=True),
+                message="Task completed",
             ),
             "disk full",
         ),
-        (TaskOutcome(status="completed", result=call_result(None, (), is_error=True), message="quota"), "quota"),
+        (
+            TaskOutcome(status="completed", result=call_result(None, (), is_error=True), message="quota"),
+            "quota",
+        ),
     ],
 )
 def test_failure_is_a_result_that_says_so(outcome: TaskOutcome, message: str) -> None:
@@ -167,7 +189,12 @@ def test_failure_message_is_bounded_in_bytes() -> None:
         (TaskOutcome(status="input_required"), "dead_lettered", "task_input_required", True),
         (TaskOutcome(status="lost", message="gone"), "dead_lettered", "task_lost", False),
         (TaskOutcome(status="protocol_error"), "dead_lettered", "task_protocol_error", False),
-        (TaskOutcome(status="too_large", message="over 1 MiB"), "dead_lettered", "task_result_too_large", False),
+        (
+            TaskOutcome(status="too_large", message="over 1 MiB"),
+            "dead_lettered",
+            "task_result_too_large",
+            False,
+        ),
     ],
 )
 def test_ending_rows(outcome: TaskOutcome, state: str, code: str, owed: bool) -> None:
@@ -181,7 +208,9 @@ def test_ending_rows(outcome: TaskOutcome, state: str, code: str, owed: bool) ->
 
 
 def test_lost_keeps_the_reporters_message() -> None:
-    new = table.apply(record(), table.decide(record(), TaskOutcome(status="lost", message="unknown id"), NOW), NOW)
+    new = table.apply(
+        record(), table.decide(record(), TaskOutcome(status="lost", message="unknown id"), NOW), NOW
+    )
     assert new is not None and new.last_error is not None and new.last_error.message == "unknown id"
 
 
@@ -287,7 +316,9 @@ def test_hostile_handles_are_refused(body: bytes) -> None:
 
 
 def test_handle_hints_are_taken_as_given() -> None:
-    h = decode_handle(b'{"taskId":"t \xc3\xa9","status":"input_required","pollIntervalMs":0,"ttlMs":1000000000}')
+    h = decode_handle(
+        b'{"taskId":"t \xc3\xa9","status":"input_required","pollIntervalMs":0,"ttlMs":1000000000}'
+    )
     assert h == TaskHandle(task_id="t é", status="input_required", poll_interval_ms=0, ttl_ms=10**9)
     check_handle(TaskHandle(task_id="x" * 256, status="working"))
 
@@ -323,7 +354,12 @@ def test_a_failed_task_is_answered_as_a_failure() -> None:
     assert render_template({"taskFailed": True}).endswith("the background task failed: no reason was given")
     assert "failed" not in render_template({"taskFailed": False, "summary": "ok"})
     request = SynthesisRequest(
-        continuation_id="c", mode="reply", conversation_id="x", origin_context="pinned", messages=(), payload=payload
+        continuation_id="c",
+        mode="reply",
+        conversation_id="x",
+        origin_context="pinned",
+        messages=(),
+        payload=payload,
     )
     assert "FAILED" in instructions(request)
     assert "FAILED" not in instructions(msgspec.structs.replace(request, payload={"summary": "ok"}))

@@ -61,7 +61,9 @@ async def test_a_handoff_while_a_call_is_open_is_refused_and_writes_nothing(stat
         runner = TurnRunner(history, journal, notes, Script())
         coord = ExecutionCoordinator(journal, notes, runner)
         # A host with its own loop outside the coordinator left a call open.
-        await history.append("s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))])
+        await history.append(
+            "s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))]
+        )
         with pytest.raises(CompactionRefused):
             await Compaction(journal, history, runner=runner).handoff("s", "summary", handoff_id="h1")
         async with coord.turn("s") as turn:

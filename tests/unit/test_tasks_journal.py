@@ -13,12 +13,18 @@ from afterword.tasks.records import TaskRecord
 from afterword.wal import WalOptions
 
 pytestmark = pytest.mark.anyio
-OPTIONS = StoreOptions(wal=WalOptions(segment_size=1024 * 1024, max_payload=256 * 1024, zero_fill=False, unsafe_no_fsync=True))
+OPTIONS = StoreOptions(
+    wal=WalOptions(segment_size=1024 * 1024, max_payload=256 * 1024, zero_fill=False, unsafe_no_fsync=True)
+)
 
 
 def task(task_id: str, session: str = "s") -> TaskRecord:
     return TaskRecord(
-        task_id=task_id, session_id=session, tool_call_id="c", command=("make",), created_at=1.0,
+        task_id=task_id,
+        session_id=session,
+        tool_call_id="c",
+        command=("make",),
+        created_at=1.0,
         output_path=f"tasks/{task_id}.out",
     )
 

@@ -69,19 +69,32 @@ async def test_a_session_that_cannot_advance_tells_the_host(state_dir: str) -> N
         )
         await journal.create(
             core.new_task(
-                task_id="t1", session_id="s", tool_call_id="other", command=["make"], notify="on_exit",
-                cwd=None, output_path=journal.output_path("t1"), now=1.0,
+                task_id="t1",
+                session_id="s",
+                tool_call_id="other",
+                command=["make"],
+                notify="on_exit",
+                cwd=None,
+                output_path=journal.output_path("t1"),
+                now=1.0,
             )
         )
-        await journal.update("t1", lambda t: core.prepare_commit(t, tool_result_id="r1", reported_terminal=False))
-        await history.append("s", [
-            Message(id="a-other", role="assistant", content="", tool_calls=(ToolCall(id="other"),)),
-            Message(id="r1", role="tool", content="started", tool_call_id="other"),
-        ])
+        await journal.update(
+            "t1", lambda t: core.prepare_commit(t, tool_result_id="r1", reported_terminal=False)
+        )
+        await history.append(
+            "s",
+            [
+                Message(id="a-other", role="assistant", content="", tool_calls=(ToolCall(id="other"),)),
+                Message(id="r1", role="tool", content="started", tool_call_id="other"),
+            ],
+        )
         await journal.update("t1", lambda t: core.commit(t, now=1.5))
         async with anyio.create_task_group() as tg:
             await tg.start(coord.run)
-            await journal.update("t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+            await journal.update(
+                "t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+            )
             with anyio.fail_after(10):
                 while not any(e.kind == "automatic_turn" for e in events):
                     await anyio.sleep(0.01)
@@ -155,13 +168,17 @@ async def test_a_tool_that_reports_an_end_too_early_keeps_its_answer(state_dir: 
             assert tools.task_id is not None
             return ToolResult(content="the build passed", reported_terminal=(tools.task_id, "task_not_mine"))
 
-        coord = ExecutionCoordinator(journal, notes, TurnRunner(history, journal, notes, Script()), tools=eager)
+        coord = ExecutionCoordinator(
+            journal, notes, TurnRunner(history, journal, notes, Script()), tools=eager
+        )
         result = await coord.user_turn("s", Message(id="u", role="user", content="go"))
         assert result.succeeded and [m.content for m in result.tool_results] == ["the build passed"]
         assert tools.task_id is not None
         task = journal.require(tools.task_id)
         assert task.committed and task.handed_off and task.terminal_reported is None
-        await journal.update(tools.task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+        await journal.update(
+            tools.task_id, lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+        )
         woke = await coord.wake("s")  # so the real end is notified and handled
         assert woke.ran and woke.outcome is not None and woke.outcome.consumed == (tools.task_id,)
 
@@ -182,19 +199,33 @@ async def test_tasks_ending_together_get_one_automatic_turn(state_dir: str) -> N
         notes = TaskNotifications(journal, history)
         model = Script()
         coord = ExecutionCoordinator(
-            journal, notes, TurnRunner(history, journal, notes, model), tools=Tools(journal),
-            on_event=events.append, sleep=window,
+            journal,
+            notes,
+            TurnRunner(history, journal, notes, model),
+            tools=Tools(journal),
+            on_event=events.append,
+            sleep=window,
         )
         ids = [f"t{i}" for i in range(10)]
         for task_id in ids:
             await journal.create(
                 core.new_task(
-                    task_id=task_id, session_id="s", tool_call_id="c", command=["make"], notify="on_exit",
-                    cwd=None, output_path=journal.output_path(task_id), now=1.0,
+                    task_id=task_id,
+                    session_id="s",
+                    tool_call_id="c",
+                    command=["make"],
+                    notify="on_exit",
+                    cwd=None,
+                    output_path=journal.output_path(task_id),
+                    now=1.0,
                 )
             )
-        await history.append("s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))])
-        await coord.processor.commit_tool_result("s", Message(id="r", role="tool", content="started", tool_call_id="c"))
+        await history.append(
+            "s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))]
+        )
+        await coord.processor.commit_tool_result(
+            "s", Message(id="r", role="tool", content="started", tool_call_id="c")
+        )
         async with anyio.create_task_group() as tg:
             await tg.start(coord.run)
             await window_open.wait()  # the commit opened the session's window
@@ -224,7 +255,9 @@ async def test_a_tool_answer_too_large_to_store_is_replaced_and_the_turn_goes_on
         async def huge(session_id: str, call: ToolCall) -> ToolResult:
             return ToolResult(content="x" * (4 * 1024 * 1024))  # past the store's record bound
 
-        coord = ExecutionCoordinator(journal, notes, TurnRunner(history, journal, notes, Script()), tools=huge)
+        coord = ExecutionCoordinator(
+            journal, notes, TurnRunner(history, journal, notes, Script()), tools=huge
+        )
         result = await coord.user_turn("s", Message(id="u", role="user", content="go"))
         assert result.succeeded and result.replies[-1].content == "done"
         (stand_in,) = result.tool_results
@@ -247,20 +280,34 @@ async def test_a_session_whose_model_keeps_failing_tells_the_host(state_dir: str
         )
         await journal.create(
             core.new_task(
-                task_id="t1", session_id="s", tool_call_id="c", command=["make"], notify="on_exit",
-                cwd=None, output_path=journal.output_path("t1"), now=1.0,
+                task_id="t1",
+                session_id="s",
+                tool_call_id="c",
+                command=["make"],
+                notify="on_exit",
+                cwd=None,
+                output_path=journal.output_path("t1"),
+                now=1.0,
             )
         )
-        await history.append("s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))])
-        await coord.processor.commit_tool_result("s", Message(id="r", role="tool", content="started", tool_call_id="c"))
+        await history.append(
+            "s", [Message(id="a", role="assistant", content="", tool_calls=(ToolCall(id="c"),))]
+        )
+        await coord.processor.commit_tool_result(
+            "s", Message(id="r", role="tool", content="started", tool_call_id="c")
+        )
         async with anyio.create_task_group() as tg:
             await tg.start(coord.run)
-            await journal.update("t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0))
+            await journal.update(
+                "t1", lambda t: core.terminate(t, core.Outcome(state="exited", exit_code=0), now=2.0)
+            )
             with anyio.fail_after(10):
                 while not any(e.kind == "stalled" for e in events):
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     turns = [e for e in events if e.kind == "automatic_turn"]
-    assert len(turns) == 2 and all(e.turn is not None and not e.turn.succeeded for e in turns)  # the retry ran
+    assert len(turns) == 2 and all(
+        e.turn is not None and not e.turn.succeeded for e in turns
+    )  # the retry ran
     (stalled,) = [e for e in events if e.kind == "stalled"]
     assert stalled.reason == "retries_exhausted"

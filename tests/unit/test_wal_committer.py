@@ -41,14 +41,19 @@ class ThreadDisk(OsDisk):
 
 
 def _open(state_dir: str, disk: ThreadDisk, inline_max_s: float = 0.0005) -> WriteAheadLog:
-    options = WalOptions(segment_size=64 * 1024, max_payload=1024, zero_fill=False, inline_commit_max_s=inline_max_s)
+    options = WalOptions(
+        segment_size=64 * 1024, max_payload=1024, zero_fill=False, inline_commit_max_s=inline_max_s
+    )
     wal, _ = WriteAheadLog.open(StateRoot(state_dir, disk), start_seq=1, checkpoint_lsn=0, options=options)
     return wal
 
 
 def _frames(state_dir: str) -> list[bytes]:
     wal, frames = WriteAheadLog.open(
-        StateRoot(state_dir), start_seq=1, checkpoint_lsn=0, options=WalOptions(segment_size=64 * 1024, max_payload=1024)
+        StateRoot(state_dir),
+        start_seq=1,
+        checkpoint_lsn=0,
+        options=WalOptions(segment_size=64 * 1024, max_payload=1024),
     )
     wal.close()
     return [f.payload for f in frames]
@@ -188,7 +193,9 @@ def test_a_negative_bound_is_refused() -> None:
 
 
 @pytest.mark.parametrize("inline_max_s", [0.0, 1.0], ids=["off-loop", "inline"])
-async def test_a_failed_fdatasync_fails_the_commit_and_is_never_retried(state_dir: str, inline_max_s: float) -> None:
+async def test_a_failed_fdatasync_fails_the_commit_and_is_never_retried(
+    state_dir: str, inline_max_s: float
+) -> None:
     disk = ThreadDisk()
     wal = _open(state_dir, disk, inline_max_s)
     await wal.commit(b"durable")

@@ -43,7 +43,9 @@ def test_resume_refuses_a_view_that_cannot_be_the_disk(state_dir: str) -> None:
     segments = SegmentLog(StateRoot(state_dir), "wal", OPTIONS)
     root = segments.root
     for slot in (0, 1):
-        segments.adopt_slot(slot, root.open_file(segments.slot_rel(slot), writable=True), OPTIONS.segment_size)
+        segments.adopt_slot(
+            slot, root.open_file(segments.slot_rel(slot), writable=True), OPTIONS.segment_size
+        )
     with pytest.raises(AssertionError, match="adopted twice"):
         segments.adopt_slot(0, segments.slot_handle(0), OPTIONS.segment_size)
     first, second = SegmentHeader(1, 7, 1), SegmentHeader(2, 9, 2)

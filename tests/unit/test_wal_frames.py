@@ -58,7 +58,11 @@ def test_frames_read_from_several_buffers_match_the_bytes() -> None:
 def test_from_frames_keeps_lsns_payloads_and_batch_starts() -> None:
     given = [Frame(0, 3, 3, b"x", 0), Frame(0, 4, 3, b"", 0), Frame(0, 5, 5, b"z" * 20, 0)]
     frames = LogFrames.from_frames(given)
-    assert [(f.lsn, f.batch_start, f.payload) for f in frames] == [(3, 3, b"x"), (4, 3, b""), (5, 5, b"z" * 20)]
+    assert [(f.lsn, f.batch_start, f.payload) for f in frames] == [
+        (3, 3, b"x"),
+        (4, 3, b""),
+        (5, 5, b"z" * 20),
+    ]
     assert len(LogFrames.from_frames([])) == 0
     with pytest.raises(ValueError, match="contiguous"):
         LogFrames.from_frames([given[0], given[2]])

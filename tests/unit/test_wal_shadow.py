@@ -96,8 +96,11 @@ LAST = 3  # frames in the last write
 
 
 @pytest.mark.parametrize("which", range(LAST))
-@pytest.mark.parametrize("field", [0, 4, 8, 16, 24, FRAME_HEADER_SIZE, -1], ids=["marker", "length", "lsn",
-                         "batch_start", "checksum", "payload-first", "payload-last"])
+@pytest.mark.parametrize(
+    "field",
+    [0, 4, 8, 16, 24, FRAME_HEADER_SIZE, -1],
+    ids=["marker", "length", "lsn", "batch_start", "checksum", "payload-first", "payload-last"],
+)
 def test_flipped_bit_in_any_frame_of_the_last_write_is_restored(
     state_dir: str, which: int, field: int, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -141,7 +144,9 @@ def _salt(state_dir: str, slot: int = 0) -> int:
     return header.salt
 
 
-def test_every_byte_of_a_damaged_shadow_alone_is_harmless(state_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_every_byte_of_a_damaged_shadow_alone_is_harmless(
+    state_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
     expected = build(state_dir, WRITES)
     seg = seg_path(state_dir)
     good = seg.read_bytes()
@@ -156,7 +161,7 @@ def test_every_byte_of_a_damaged_shadow_alone_is_harmless(state_dir: str, caplog
         plan = scan_chain([SegmentImage(0, bytes(data))], start_seq=1, checkpoint_lsn=0, max_payload=2048)
         assert [f.payload for f in plan.frames] == expected, at
         assert plan.repair is None and plan.restores == [], at
-    seg.write_bytes(good[:end + 9] + bytes([good[end + 9] ^ 1]) + good[end + 10:])
+    seg.write_bytes(good[: end + 9] + bytes([good[end + 9] ^ 1]) + good[end + 10 :])
     with caplog.at_level(logging.WARNING, logger="afterword.wal"):
         assert payloads_of(state_dir) == expected
     assert not caplog.records
@@ -212,7 +217,9 @@ def _torn_images(before: bytes, after: bytes, start: int, stop: int) -> list[tup
     for n in sorted(lengths):
         out.append((f"prefix {n}", after[: start + n] + before[start + n :]))
     cuts = list(range(start, stop, SECTOR))
-    pieces = [(p - p % SECTOR if i == 0 else p, min(stop, (p // SECTOR + 1) * SECTOR)) for i, p in enumerate(cuts)]
+    pieces = [
+        (p - p % SECTOR if i == 0 else p, min(stop, (p // SECTOR + 1) * SECTOR)) for i, p in enumerate(cuts)
+    ]
     pieces = [(max(a, start), b) for a, b in pieces]
     for mask in itertools.product((0, 1), repeat=len(pieces)):
         data = bytearray(before)
@@ -254,7 +261,9 @@ def test_torn_unacknowledged_write_is_cut_or_kept_and_never_refused(state_dir: s
             assert plan.repair is not None, name  # a frame of the write begins there: cut, logged
 
 
-def test_torn_write_cut_is_logged_with_a_broken_copy(state_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_write_cut_is_logged_with_a_broken_copy(
+    state_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
     acked = build(state_dir, WRITES)
     seg = seg_path(state_dir)
     before = seg.read_bytes()

@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     fault.add_argument("--workdir")
 
     damage = sub.add_parser("damage", help="damage state after each acknowledged operation")
-    damage.add_argument("--workload", action="append", help=f"repeatable; default {', '.join(DAMAGE_WORKLOADS)}")
+    damage.add_argument(
+        "--workload", action="append", help=f"repeatable; default {', '.join(DAMAGE_WORKLOADS)}"
+    )
     damage.add_argument("--seeds", default="0", help="e.g. 0 or 0-9 or 1,5,7 (default 0)")
     damage.add_argument("--ops", type=int, help="logical operations per workload (default: its own)")
     damage.add_argument("--budget", type=int, help="cases per workload and damage kind (default: all)")
@@ -225,13 +227,19 @@ def _damage(args: argparse.Namespace) -> int:
             for seed in _seeds(args.seeds):
                 for name in args.workload or DAMAGE_WORKLOADS:
                     workload = get_workload(name)(seed=seed, ops=args.ops)
-                    result = run_damage(workload, scratch, budget=args.budget, only=args.case, kinds=args.kind)
-                    _progress(f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations")
+                    result = run_damage(
+                        workload, scratch, budget=args.budget, only=args.case, kinds=args.kind
+                    )
+                    _progress(
+                        f"{name}/damage seed {seed}: {result.cases} cases, {result.violations} violations"
+                    )
                     results.append(result)
     finally:
         logging.disable(logging.NOTSET)  # main() is also called in-process (tests): leave logging as found
     if args.case and not any(r.cases for r in results):  # a mistyped id must not read as a pass
-        raise ValueError(f"no damage case {args.case!r} in this workload and seed (use an id a report printed)")
+        raise ValueError(
+            f"no damage case {args.case!r} in this workload and seed (use an id a report printed)"
+        )
     print(render_damage(results, max_examples=100 if args.case else 5))
     return 1 if any(r.violations for r in results) else 0
 

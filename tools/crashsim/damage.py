@@ -64,14 +64,29 @@ from .workloads import ACKED, Journal, Observation, Workload
 DAMAGE_WORKLOADS = ("store-tx", "checkpoint", "blobs")
 OUTCOMES = ("fail_closed", "exact", "silent_loss", "wrong", "unnamed", "unsafe_open")
 _VIOLATIONS = ("silent_loss", "wrong", "unnamed", "unsafe_open")
-KINDS = ("delete", "truncate-0", "truncate-half", "garbage", "tail_bitflip", "manifest-rollback", *ROLLBACK_KINDS)
+KINDS = (
+    "delete",
+    "truncate-0",
+    "truncate-half",
+    "garbage",
+    "tail_bitflip",
+    "manifest-rollback",
+    *ROLLBACK_KINDS,
+)
 DIRECTORY_KINDS = ("emptied-log", "emptied", "lock-deleted", "guard-replaced")
 # How guard-replaced replaces the guard (Case.version indexes this).
 GUARD_DAMAGE = ("dangling-symlink", "symlink", "directory", "mode-0644", "hard-link", "foreign-owner")
 _PROBES = ("lock-probe:first", "lock-probe:second")
 # Byte offsets inside a frame that tail_bitflip hits, one per field (the payload is found
 # at run time): marker, length, lsn, batch_start, checksum.
-_FRAME_FIELDS = (("marker", 1), ("length", 5), ("lsn", 9), ("batch_start", 17), ("checksum", 25), ("payload", -1))
+_FRAME_FIELDS = (
+    ("marker", 1),
+    ("length", 5),
+    ("lsn", 9),
+    ("batch_start", 17),
+    ("checksum", 25),
+    ("payload", -1),
+)
 _TARGET_DIRS = ("records", "wal")
 _TOP_FILES = ("MANIFEST", "CATALOG", "secret", "HIGHWATER")
 _FAIL_CLOSED = (StoreError, WalError, DiskError)
@@ -319,7 +334,10 @@ def classify_second_owner(workload: Workload, state_dir: str) -> tuple[str, str]
             first.check_ownership()
         except OwnershipLostError:
             return "fail_closed", refused
-        return "unsafe_open", "the second owner was refused, but the first kept its place without its lock file"
+        return (
+            "unsafe_open",
+            "the second owner was refused, but the first kept its place without its lock file",
+        )
     finally:
         first.close()
 
@@ -338,9 +356,7 @@ def _after_two_owners(workload: Workload, state_dir: str) -> tuple[str, str]:
     return "unsafe_open", "a second owner opened beside the first"
 
 
-def classify(
-    workload: Workload, acked: int, recover: Callable[[], Observation]
-) -> tuple[str, str]:
+def classify(workload: Workload, acked: int, recover: Callable[[], Observation]) -> tuple[str, str]:
     """Run ``recover`` and name the outcome, with a detail for violations."""
     try:
         seen = recover()
@@ -392,10 +408,15 @@ def run_damage(
                 _replace_guard(state_dir, GUARD_DAMAGE[case.version])
             outcome, detail = classify(workload, acked, lambda d=state_dir: workload.recover(d, _DISK))
             if case.kind == "guard-replaced" and outcome == "exact":
-                outcome, detail = "unsafe_open", f"opened over a guard replaced by a {GUARD_DAMAGE[case.version]}"
+                outcome, detail = (
+                    "unsafe_open",
+                    f"opened over a guard replaced by a {GUARD_DAMAGE[case.version]}",
+                )
         result.counts.setdefault(case.kind, Counter())[outcome] += 1
         if outcome not in ("fail_closed", "exact"):
-            result.examples.append(f"{workload.name} seed {workload.seed} case {case.ident}: {outcome}: {detail}")
+            result.examples.append(
+                f"{workload.name} seed {workload.seed} case {case.ident}: {outcome}: {detail}"
+            )
         shutil.rmtree(os.path.dirname(state_dir), ignore_errors=True)
     result.seconds = time.perf_counter() - began
     return result

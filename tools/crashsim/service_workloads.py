@@ -276,7 +276,9 @@ class Model:
             and v.state == "result_received"
             and v.origin in ("pinned", "detached_latest")
         ):
-            new = replace(v, state="ready_to_deliver", text=True, completion="synthesized", attempts=(s + 1, d))
+            new = replace(
+                v, state="ready_to_deliver", text=True, completion="synthesized", attempts=(s + 1, d)
+            )
         elif kind == "text" and v.state == "result_received" and v.origin == "abandoned":
             # No origin context (only when injected faults kept the snapshot from binding): the
             # fixed answer, without a model call.
@@ -318,7 +320,13 @@ def after_restart(v: View, outbox: tuple[int, int] | None = None) -> View | Comp
         held, total = outbox
         if held >= total:  # every chunk is in the outbox: delivered, and the answer recorded
             v = replace(
-                v, state="delivered", in_flight=False, chunks=0, error=None, receipt="posted", history_recorded=True
+                v,
+                state="delivered",
+                in_flight=False,
+                chunks=0,
+                error=None,
+                receipt="posted",
+                history_recorded=True,
             )
         else:  # the rest is posted at once; nothing is unproven
             v = replace(v, state="delivery_retry", in_flight=False, chunks=0, error="delivery_reconciled")
@@ -1078,6 +1086,8 @@ class OutboxLifecycle(LocalSynthesisLifecycle):
     it unknown."""
 
     name = "lifecycle-outbox"
-    summary = "continuation lifecycle with a local synthesizer and the outbox: answer + in flight in one commit"
+    summary = (
+        "continuation lifecycle with a local synthesizer and the outbox: answer + in flight in one commit"
+    )
     default_ops = 21
     outbox = True

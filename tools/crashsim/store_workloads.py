@@ -77,7 +77,11 @@ def small_options(segment_size: int, max_payload: int, max_log_bytes: int) -> St
     every run (with several threads the log is still valid, only not reproducible)."""
     shipped = StoreOptions()
     wal = replace(
-        shipped.wal, segment_size=segment_size, max_payload=max_payload, max_log_bytes=max_log_bytes, zero_fill=False
+        shipped.wal,
+        segment_size=segment_size,
+        max_payload=max_payload,
+        max_log_bytes=max_log_bytes,
+        zero_fill=False,
     )
     return replace(shipped, wal=wal, checkpoint_threads=1)
 

@@ -35,9 +35,7 @@ class StatusPage:
 
     def login(self) -> UiLoginBody:
         token, expires = self.auth.mint_login()
-        return UiLoginBody(
-            login_url=f"{self.base_url}/ui/login?token={token}", expires_at=format_ms(expires)
-        )
+        return UiLoginBody(login_url=f"{self.base_url}/ui/login?token={token}", expires_at=format_ms(expires))
 
 
 _pages: weakref.WeakKeyDictionary[ContinuationService, StatusPage] = weakref.WeakKeyDictionary()
