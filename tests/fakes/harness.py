@@ -16,6 +16,7 @@ import afterword
 from afterword import ContinuationService
 from afterword.app.service import wall_clock_ms
 from afterword.config import Config
+from afterword.store import StoreOptions
 from afterword.worker import Worker
 
 from .producer import Producer
@@ -70,6 +71,7 @@ async def running(
     history: Any = None,
     clock: Callable[[], int] = wall_clock_ms,
     run_worker: bool = True,
+    store_options: StoreOptions | None = None,
 ) -> AsyncIterator[Harness]:
     async with (
         afterword.open_service(
@@ -80,6 +82,7 @@ async def running(
             clock_ms=clock,
             environ=environ,
             run_worker=run_worker,
+            store_options=store_options,
         ) as service,
         httpx.AsyncClient(timeout=10) as client,
     ):

@@ -3,7 +3,9 @@ at-most-once rule (a thrown, timed-out, hung or interrupted synthesis is never r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,9 @@ from fakes.producer import ORIGIN_HISTORY, payload_bytes, reply_run, wait_state
 from fakes.synth import RecordingSynth
 
 from afterword.history import Message
+from afterword.store import StoreOptions
+from afterword.wal import WalOptions
+from afterword.wal.testing import inline_by_batch_only
 
 BUCKET = "slack:C1:T1#2030-01-01"
 ROUTE = "slack:C1:T1"
@@ -268,3 +273,49 @@ async def test_shutdown_interrupts_a_hung_synthesis_which_is_dead_lettered_not_r
     assert rec.last_error is not None and rec.last_error.code == "synthesis_interrupted"
     assert len(synth.calls) == 1
     assert h.outbox() == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", ["inline", "off-loop"])
+async def test_synthesizing_is_durable_when_the_model_is_called_and_a_kill_then_never_resynthesizes(
+    tmp_path: Path, path: str
+) -> None:
+    """At the instant the model is called, the ``synthesizing`` version must be covered by the
+    log's durable lsn (its fdatasync returned), and the state directory as it is on disk then
+    (what a SIGKILL at that instant leaves) must restart into ``synthesis_interrupted``
+    with no second model call. Both commit paths: a lone commit written inline on the loop,
+    and every write in the worker thread."""
+    (tmp_path / "live").mkdir()
+    (tmp_path / "killed").mkdir()
+    config, env = make_config(tmp_path / "live")
+    killed, _ = make_config(tmp_path / "killed")
+    synth = RecordingSynth(hang=True)
+    seen: list[tuple[str, int, int]] = []
+    inline = path == "inline"
+    options = None if inline else StoreOptions(wal=WalOptions(inline_commit_max_s=0))
+    with inline_by_batch_only() if inline else contextlib.nullcontext():
+        async with running(config, env, synthesizer=synth, store_options=options) as h:
+
+            def at_model_call(request: Any) -> None:
+                rec = h.service.repo.get(request.continuation_id)
+                version = h.service.repo.version(request.continuation_id)
+                assert rec is not None and version is not None
+                seen.append((rec.state, version, h.service.store.wal.durable_lsn))
+                shutil.copytree(config.state_dir, killed.state_dir)  # the disk at this instant
+
+            synth.on_call = at_model_call
+            claimed = await reply_run(h.service, h.producer, {"summary": "x"})
+            await wait_state(h.service, claimed.id, ["synthesizing"])
+            stall = h.service.store.wal.commit_stall_max_s
+            h.service.worker.drain_seconds = 0.2
+    assert (stall > 0) is inline  # the commit path this case is about was taken
+    [(state, version, durable)] = seen
+    assert state == "synthesizing" and durable >= version
+    again = RecordingSynth()
+    async with running(killed, env, synthesizer=again) as h2:
+        await h2.after_full_scan()
+        rec = h2.service.repo.get(claimed.id)
+    assert rec is not None and rec.state == "dead_lettered"
+    assert rec.last_error is not None and rec.last_error.code == "synthesis_interrupted"
+    assert rec.attempts.synthesis == 1
+    assert again.calls == []
