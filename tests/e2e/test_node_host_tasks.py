@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -286,8 +287,10 @@ def test_node_host_reports_lost_and_wrong_answers_and_cancels_a_task_afterword_r
         line.endswith("reported input_required; afterword: dead_lettered, cancel") for line in lines
     ), out
     assert sorted(r["key"] for r in _records(record) if r["method"] == "tasks/cancel") == ["asks", "second"]
-    polls = [r for r in _records(record) if r["method"] == "tasks/get"]
-    assert sorted(r["key"] for r in polls) == ["asks", "gone", "huge"] + ["liar"] * 5
+    polls = Counter(r["key"] for r in _records(record) if r["method"] == "tasks/get")
+    # Exactly five malformed answers end the liar; the others end at their first answer, which
+    # a loaded machine may make the host ask for again (a poll that failed is retried).
+    assert polls["liar"] == 5 and set(polls) == {"asks", "gone", "huge", "liar"}, polls
     # Over the host API's 4 MiB body: refused with 413, so the host reports too_large instead.
     assert any(line.endswith("reported too_large; afterword: dead_lettered") for line in lines), out
     assert any(line.endswith("reported lost; afterword: dead_lettered") for line in lines), out
