@@ -50,6 +50,28 @@ def claim_difference(a: Claim, b: Claim) -> str | None:
     return None
 
 
+def bound_claim(
+    cap: IssuedCapability, cid: str, *, task_key: str, task_hash: str, deadline_ms: int, now: int
+) -> Claim:
+    """The claim a run's capability binds: its run, server, origin, reply route and mode, the
+    same for a producer's claim and for an adopted MCP task (app/tasks.py)."""
+    return Claim(
+        id=cid,
+        kind="interactive",
+        server_name=cap.server_name,
+        run_id=cap.run_id,
+        conversation_id=cap.conversation_id,
+        reply_to=cap.reply_to,
+        route=None,
+        mode=cap.mode,
+        task_key=task_key,
+        task_hash=task_hash,
+        deadline_ms=deadline_ms,
+        fingerprint=cap.fingerprint,
+        created_at_ms=now,
+    )
+
+
 class Claims:
     """Admits claims under the configured limits; a repeat of an admitted claim is idempotent."""
 
@@ -152,20 +174,8 @@ class Claims:
             check_task_hash(req.task_hash)
             deadline = parse_deadline_format(req.deadline)
             cid = continuation_id(self.keys.ids, "interactive", cap.server_name, req.task_key)
-            claim = Claim(
-                id=cid,
-                kind="interactive",
-                server_name=cap.server_name,
-                run_id=cap.run_id,
-                conversation_id=cap.conversation_id,
-                reply_to=cap.reply_to,
-                route=None,
-                mode=cap.mode,
-                task_key=req.task_key,
-                task_hash=req.task_hash,
-                deadline_ms=deadline,
-                fingerprint=cap.fingerprint,
-                created_at_ms=now,
+            claim = bound_claim(
+                cap, cid, task_key=req.task_key, task_hash=req.task_hash, deadline_ms=deadline, now=now
             )
             response = await self.admit(claim, "pending")
             if cid not in cap.claim_ids:

@@ -24,7 +24,7 @@ from ..continuations import taskoutcomes as table
 from ..continuations.capabilities import continuation_id
 from ..continuations.errors import Conflict, InvalidRequest, NotFound, RunClosed, Unavailable
 from ..continuations.jcs import NotCanonical, canonical_json
-from ..continuations.model import INLINE_PAYLOAD_MAX, Claim, Continuation, ResultRecord, TaskBacking
+from ..continuations.model import INLINE_PAYLOAD_MAX, Continuation, ResultRecord, TaskBacking
 from ..continuations.rules import MAX_RESULT_BODY, canonical_hash
 from ..continuations.taskcancel import owes_cancel
 from ..protocol.tasks import (
@@ -37,7 +37,7 @@ from ..protocol.tasks import (
     check_outcome,
 )
 from .binding import IssuedCapability
-from .claims import Claims
+from .claims import Claims, bound_claim
 from .leases import check_interval_s
 from .ledger import Ledger
 from .ports import FollowedTask
@@ -133,20 +133,8 @@ class Tasks:
             span = (
                 min(self.config.limits.task_deadline_ms, ttl) if ttl else self.config.limits.task_deadline_ms
             )
-            claim = Claim(
-                id=cid,
-                kind="interactive",
-                server_name=cap.server_name,
-                run_id=cap.run_id,
-                conversation_id=cap.conversation_id,
-                reply_to=cap.reply_to,
-                route=None,
-                mode=cap.mode,
-                task_key=task_key,
-                task_hash=task_hash,
-                deadline_ms=now + span,
-                fingerprint=cap.fingerprint,
-                created_at_ms=now,
+            claim = bound_claim(
+                cap, cid, task_key=task_key, task_hash=task_hash, deadline_ms=now + span, now=now
             )
             backing = TaskBacking(
                 task_id=handle.task_id,
