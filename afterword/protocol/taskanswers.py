@@ -24,9 +24,9 @@ from .tasks import MAX_TASK_ID, TaskOutcome
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "Answer",
+    "AnswerOverCap",
     "Malformed",
     "Polled",
-    "TooLarge",
     "Unknown",
     "Unreachable",
     "answer_from_error",
@@ -75,13 +75,13 @@ class Unreachable:
 
 
 @dataclass(frozen=True)
-class TooLarge:
+class AnswerOverCap:
     """The answer was longer than the follower reads; reading stopped at ``limit`` bytes."""
 
     limit: int
 
 
-Answer = Polled | Unknown | Malformed | Unreachable | TooLarge
+Answer = Polled | Unknown | Malformed | Unreachable | AnswerOverCap
 
 
 class _Task(msgspec.Struct, kw_only=True, rename="camel"):

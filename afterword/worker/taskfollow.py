@@ -37,8 +37,8 @@ from ..disk import DiskError
 from ..protocol.headers import strip_reserved_headers
 from ..protocol.taskanswers import (
     Answer,
+    AnswerOverCap,
     Malformed,
-    TooLarge,
     Unknown,
     Unreachable,
     clip,
@@ -264,7 +264,7 @@ class TaskFollower:
         if isinstance(answer, Unknown):
             await self._report(follow, TaskOutcome(status="lost", message=answer.message))
             return
-        if isinstance(answer, TooLarge):
+        if isinstance(answer, AnswerOverCap):
             await self._report(
                 follow,
                 TaskOutcome(

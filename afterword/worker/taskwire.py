@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import RemoteError
 from ..protocol.taskanswers import (
     Answer,
+    AnswerOverCap,
     Malformed,
-    TooLarge,
     Unreachable,
     answer_from_error,
     answer_from_result,
@@ -174,7 +174,7 @@ class McpTaskWire:
             # The SDK's transport task groups wrap a refused or reset connection in groups.
             leaves = list(_leaves(exc))
             if transport.exceeded:
-                return None, TooLarge(self.max_answer_bytes)
+                return None, AnswerOverCap(self.max_answer_bytes)
             if leaves and all(isinstance(leaf, _TRANSIENT) for leaf in leaves):
                 return None, Unreachable(type(leaves[0]).__name__)
             if leaves and all(isinstance(leaf, _SHAPE) for leaf in leaves):
@@ -185,7 +185,7 @@ class McpTaskWire:
 
     def _refused(self, transport: _CappedTransport, exc: MCPError) -> Answer:
         if transport.exceeded:
-            return TooLarge(self.max_answer_bytes)
+            return AnswerOverCap(self.max_answer_bytes)
         return answer_from_error(exc.error.code, exc.error.message)
 
     async def get(self, url: str, headers: Mapping[str, str], task_id: str, timeout_s: float) -> Answer:
@@ -205,7 +205,7 @@ class McpTaskWire:
         )
         if failure is None:
             return None
-        if isinstance(failure, TooLarge):
+        if isinstance(failure, AnswerOverCap):
             return f"the answer was longer than {failure.limit} bytes"
         return clip(getattr(failure, "detail", None) or getattr(failure, "message", None) or "refused", 200)
 

@@ -22,7 +22,7 @@ from afterword.app.ports import FollowedTask
 from afterword.config import McpServer
 from afterword.continuations.errors import InvalidTransition
 from afterword.disk import DiskError
-from afterword.protocol.taskanswers import Answer, Malformed, Polled, TooLarge, Unknown, Unreachable
+from afterword.protocol.taskanswers import Answer, AnswerOverCap, Malformed, Polled, Unknown, Unreachable
 from afterword.protocol.tasks import TaskOutcome, TaskReport
 from afterword.worker.taskfollow import TaskFollower, follows_any
 
@@ -166,7 +166,7 @@ async def test_a_good_answer_resets_the_broken_answer_count() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("answer", "status"),
-    [(Unknown("Task t1 not found"), "lost"), (TooLarge(1024), "too_large")],
+    [(Unknown("Task t1 not found"), "lost"), (AnswerOverCap(1024), "too_large")],
 )
 async def test_lost_and_too_large_are_reported_at_once(answer: Answer, status: str) -> None:
     clock = Clock()

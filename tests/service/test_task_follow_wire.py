@@ -16,7 +16,7 @@ import httpx2  # noqa: E402
 import pytest  # noqa: E402
 from tasks_servers.inproc_sdk_server import TaskBook, serving  # noqa: E402
 
-from afterword.protocol.taskanswers import Malformed, Polled, TooLarge, Unknown, Unreachable  # noqa: E402
+from afterword.protocol.taskanswers import AnswerOverCap, Malformed, Polled, Unknown, Unreachable  # noqa: E402
 from afterword.worker.taskfollow import MAX_ANSWER_BYTES, load_wire  # noqa: E402
 from afterword.worker.taskwire import McpTaskWire, _CappedTransport  # noqa: E402
 
@@ -88,7 +88,7 @@ async def test_a_huge_answer_is_cut_off_at_the_cap(json_response: bool) -> None:
         answer = await wire().get(url, {}, task_id, 30)
         book.hostile = None
         after = await wire().get(url, {}, task_id, 10)  # the next poll is unaffected
-    assert answer == TooLarge(MAX_ANSWER_BYTES)
+    assert answer == AnswerOverCap(MAX_ANSWER_BYTES)
     assert isinstance(after, Polled)
 
 
